@@ -1,0 +1,59 @@
+# clawgym-nb: `make run` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SCALE ?= default
+SYSTEM_PACKAGES := bubblewrap docker.io debootstrap
+
+.PHONY: all env sysdeps test test-fast check-sync run smoke readme clean-results
+
+all: test
+
+# The virtual environment: torch first (the CPU wheel on this disk), then the package with its dev tools.
+$(BIN)/.installed: settings.ini setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+env: $(BIN)/.installed
+
+# System packages the sandboxes need; installed with apt-get when we are root, otherwise we say what to install.
+sysdeps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing system packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else \
+	  echo "WARNING: missing system packages:$$missing (install them with: sudo apt-get install$$missing);"; \
+	  echo "WARNING: sandboxes fall back to the 'local' provider (NOT isolated: trusted tasks only)."; \
+	fi
+
+# CI gate 1: notebooks clean and the library in sync with them.
+check-sync: env
+	@before=$$(git status --porcelain -- nbs clawgym_nb; git diff -- nbs clawgym_nb | sha1sum); \
+	$(BIN)/nbdev_export && $(BIN)/nbdev_clean; \
+	after=$$(git status --porcelain -- nbs clawgym_nb; git diff -- nbs clawgym_nb | sha1sum); \
+	if [ "$$before" != "$$after" ]; then \
+	  echo "ERROR: nbdev_export / nbdev_clean changed the tree: commit the notebooks' clean, exported state:"; \
+	  git status --porcelain -- nbs clawgym_nb; exit 1; fi; echo "notebooks clean and library in sync"
+
+# CI gates 2 and 3: every notebook as a pytest test, then tests/.
+test: env sysdeps check-sync
+	$(BIN)/python -m pytest -q tests
+
+run: env sysdeps
+	$(BIN)/clawgym-nb run-all --scale $(SCALE)
+
+smoke: env sysdeps
+	$(BIN)/clawgym-nb run-all --scale smoke
+
+# README.md is generated from nbs/index.ipynb.
+readme: env
+	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN
+
+clean-results:
+	rm -rf results/*/smoke
