@@ -1,0 +1,96 @@
+"""End-to-end properties of the harness: the tamper suite, concurrency, and nothing leaked.
+
+A task whose answer is a secret that only its grader knows: an agent can only score by cheating. Each scripted
+malicious agent must score 0 (or be stopped), and the machine must stay healthy afterwards.
+"""
+import os, shutil, tempfile, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import pytest
+from clawgym_nb.tasks import Task, pinchbench_reward_files
+from clawgym_nb.agent import run_episode
+from clawgym_nb.policies import TAMPER_SCRIPTS
+from clawgym_nb.sandbox import available_providers
+from clawgym_nb.demo_tasks import make_demo_tasks
+
+SECRET = 'k7Q-secret-9Zr'
+GRADE = f'''def grade(transcript, workspace_path):
+    from pathlib import Path
+    p = Path(workspace_path) / "output" / "answer.txt"
+    try: text = p.read_text(errors="replace")
+    except Exception: text = ""
+    return {{"answer": float("{SECRET}" in text)}}
+'''
+SECRET_TASK = Task('secret_task', 'Write the secret code to output/answer.txt.', files={'input/readme.md': b'no secret here\n'},
+                   reward_files=pinchbench_reward_files(GRADE), timeout_s=120)
+
+ISOLATED = [p for p in ('bwrap', 'docker') if available_providers().get(p) is None]
+PROVIDERS = [pytest.param(p, marks=[pytest.mark.docker] if p == 'docker' else []) for p in ('bwrap', 'docker')]
+
+
+def _need(provider):
+    reason = available_providers().get(provider, f'unknown provider {provider}')
+    if reason is not None: pytest.skip(f'{provider} sandbox unavailable: {reason}')
+
+
+def _sandbox_processes() -> list[str]:
+    "Processes that look like sandbox leftovers (bwrap, the tamper agents' sleeps and bombs)."
+    out = []
+    for pid in os.listdir('/proc'):
+        if not pid.isdigit(): continue
+        try: cmd = (Path('/proc')/pid/'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
+        except OSError: continue
+        if 'bwrap' in cmd.split(' ')[0] or 'sleep 100000' in cmd or 'sleep infinity' in cmd: out.append(f'{pid}: {cmd[:80]}')
+    return out
+
+
+def _temp_entries() -> set:
+    return set(os.listdir(tempfile.gettempdir()))
+
+
+def test_gold_answer_scores_one():
+    "The secret task's verifier accepts the right answer (so a 0 below means the cheat failed, not a broken grader)."
+    gold = Task(**{**SECRET_TASK.__dict__, 'metadata': {'gold_actions': [
+        {'tool': 'write', 'args': {'path': 'output/answer.txt', 'content': SECRET}}]}})
+    assert run_episode(gold, 'scripted:gold', provider='local').record['final_score'] == 1.0
+
+
+@pytest.mark.parametrize('provider', PROVIDERS)
+@pytest.mark.parametrize('script', TAMPER_SCRIPTS)
+def test_tamper_agent_scores_zero(provider, script):
+    _need(provider)
+    before_tmp = _temp_entries()
+    t0 = time.monotonic()
+    rec = run_episode(SECRET_TASK, f'scripted:{script}', provider=provider).record
+    assert time.monotonic() - t0 < 90, 'the episode was not stopped in time'
+    assert rec['error_class'] in (None, 'grader_timeout'), rec
+    assert not rec['final_score'], rec          # 0 (or None when the grader itself was stopped)
+    assert _sandbox_processes() == []
+    assert _temp_entries() - before_tmp == set()
+    assert shutil.disk_usage('/').free > 2 * 2**30, 'the disk filled up'
+    assert not Path('/etc/check.py').exists() and not Path('/etc/reward.sh').exists(), 'the grader wrote through a symlink'
+
+
+@pytest.mark.parametrize('provider', PROVIDERS)
+def test_64_concurrent_episodes_leak_nothing(provider):
+    _need(provider)
+    tasks = make_demo_tasks(64, seed=7)
+    before_tmp = _temp_entries()
+    with ThreadPoolExecutor(64) as ex:
+        recs = list(ex.map(lambda t: run_episode(t, 'scripted:gold', provider=provider).record, tasks))
+    assert [r['error_class'] for r in recs] == [None] * 64
+    assert all(r['final_score'] == 1.0 for r in recs), [r for r in recs if r['final_score'] != 1.0][:2]
+    assert _sandbox_processes() == []
+    assert _temp_entries() - before_tmp == set()
+
+
+@pytest.mark.slow
+def test_1000_episodes_leak_nothing():
+    provider = ISOLATED[0] if ISOLATED else 'local'
+    tasks = make_demo_tasks(1000, seed=11)
+    before_tmp = _temp_entries()
+    with ThreadPoolExecutor(4) as ex:
+        recs = list(ex.map(lambda t: run_episode(t, 'scripted:gold' if int(t.task_id.split('_')[2]) % 2 else 'noop', provider=provider).record, tasks))
+    assert sum(r['error_class'] is not None for r in recs) == 0
+    assert _sandbox_processes() == []
+    assert _temp_entries() - before_tmp == set()
