@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 SCALE ?= default
 SYSTEM_PACKAGES := bubblewrap docker.io debootstrap
 
-.PHONY: all env sysdeps test test-fast check-sync run smoke readme clean-results
+.PHONY: all env sysdeps docker-up test check-sync run smoke readme clean-results
 
 all: test
 
@@ -32,6 +32,14 @@ sysdeps:
 	  echo "WARNING: sandboxes fall back to the 'local' provider (NOT isolated: trusted tasks only)."; \
 	fi
 
+# The docker provider: start dockerd (as root, when installed) and build the offline base image
+# (debootstrap + docker import, about a minute the first time). Without it, docker tests skip with a reason.
+docker-up: env sysdeps
+	@if [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; then \
+	  $(BIN)/python -c "from clawgym_nb.docker_sandbox import ensure_dockerd, build_base_image; import sys; ok = ensure_dockerd(); print('docker engine:', 'up' if ok else 'did not start'); ok and print('docker base image:', build_base_image())" \
+	  || echo "WARNING: the docker provider is unavailable here; tests marked docker will skip"; \
+	else echo "docker provider: needs root and dockerd; tests marked docker will skip"; fi
+
 # CI gate 1: notebooks clean and the library in sync with them.
 check-sync: env
 	@before=$$(git status --porcelain -- nbs clawgym_nb; git diff -- nbs clawgym_nb | sha1sum); \
@@ -42,7 +50,7 @@ check-sync: env
 	  git status --porcelain -- nbs clawgym_nb; exit 1; fi; echo "notebooks clean and library in sync"
 
 # CI gates 2 and 3: every notebook as a pytest test, then tests/.
-test: env sysdeps check-sync
+test: env sysdeps check-sync docker-up
 	$(BIN)/python -m pytest -q tests
 
 run: env sysdeps
