@@ -61,7 +61,7 @@ smoke: env sysdeps
 
 # README.md is generated from nbs/index.ipynb.
 readme: env
-	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README --log-level WARN
+	$(BIN)/jupyter nbconvert --to markdown --execute nbs/index.ipynb --output-dir . --output README --log-level WARN
 
 clean-results:
 	rm -rf results/*/smoke
