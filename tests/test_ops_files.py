@@ -1,15 +1,16 @@
-"""Every file/text/code operation: reference scores 1, no-op 0, the grader survives an empty workspace, no answer leak, a perturbed plan earns partial credit."""
+"""Every file/text/code operation (ops_files and ops_code): reference scores 1, no-op 0, the grader survives an empty workspace, no answer leak, a perturbed plan earns partial credit."""
 import random, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 import pytest
 from clawgym_nb.opspec import OPERATIONS, task_from_ops
-from clawgym_nb.ops_files import op_context, YAML_SUBSET_PARSER
+from clawgym_nb.ops_files import op_context
+from clawgym_nb.ops_code import YAML_SUBSET_PARSER
 from clawgym_nb.agent import run_episode
 from clawgym_nb.grading import run_code_check
-import clawgym_nb.ops_files as ops_files
+import clawgym_nb.ops_files as ops_files, clawgym_nb.ops_code as ops_code
 
 warnings.filterwarnings('ignore', message='.*NOT isolated.*')
-NAMES = sorted(n for n, o in OPERATIONS.items() if type(o).__module__ == ops_files.__name__)
+NAMES = sorted(n for n, o in OPERATIONS.items() if type(o).__module__ in (ops_files.__name__, ops_code.__name__))
 DOMAINS = [('sales', 'health', 'software'), ('travel', 'education', 'logs'), ('events', 'inventory', 'support')]
 
 def _check(name, domain, seed):
