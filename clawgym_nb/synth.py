@@ -222,6 +222,7 @@ def synthesize(route:str,                  # persona | skill | mixed
     wall = time.time() - t0
     summary = {'route': route, 'n': n, 'seed': seed, 'backend': backend, 'personas': str(personas), 'skills': skills_spec,
                'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'validated': validate, 'provider': provider,
+               'dedup_threshold': dedup_threshold if validate else None,
                'kept': len(kept), 'rejected': len(rejected), 'this_call': {**counts, 'near_duplicates_dropped': dropped,
                'wall_s': round(wall, 1), 'tasks_per_s': round(len(todo) / wall, 1) if wall > 0 and todo else None},
                'rejections_by_reason': dict(Counter(r['problems'][0]['code'] for r in rejected if r.get('problems'))),
