@@ -62,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     bb.add_argument('--sandbox', default='auto'); bb.add_argument('--workers', type=int, default=2)
     dv = sub.add_parser('diversity', help='diversity report of a task set (tables + figure)')
     dv.add_argument('dir', type=Path); dv.add_argument('--out', type=Path, required=True)
+    ro = sub.add_parser('rollouts', help='K trajectories per task from a policy (teachers), resumable JSONL')
+    ro.add_argument('--tasks', type=Path, required=True); ro.add_argument('--policy', required=True)
+    ro.add_argument('--n-per-task', type=int, default=1); ro.add_argument('--workers', type=int, default=2)
+    ro.add_argument('--out', type=Path, required=True); ro.add_argument('--sandbox', default='auto')
+    ro.add_argument('--max-turns', type=int, default=30); ro.add_argument('--no-progress', action='store_true')
     di = sub.add_parser('docker-image', help='build the offline base image for the docker sandbox (debootstrap + docker import)')
     di.add_argument('--tag', default=None)
     return p
@@ -150,6 +155,10 @@ def _cmd(a) -> int:
         from clawgym_nb.diversity import diversity_report, write_diversity
         paths = write_diversity(diversity_report(a.dir), a.out)
         print('\n'.join(str(p) for p in paths.values()))
+    elif a.cmd == 'rollouts':
+        from clawgym_nb.teachers import rollouts
+        rollouts(a.tasks, a.policy, a.n_per_task, a.out, provider=a.sandbox, workers=a.workers, max_turns=a.max_turns,
+                 progress=not a.no_progress)
     elif a.cmd == 'docker-image':
         from clawgym_nb.docker_sandbox import build_base_image
         print(build_base_image(**({'tag': a.tag} if a.tag else {})))

@@ -33,6 +33,7 @@ def atomic_write_bytes(path:str|Path, data:bytes) -> Path:
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.partial')
     try:
+        os.fchmod(fd, 0o644)   # mkstemp's 0600 would otherwise stick to every result file
         with os.fdopen(fd, 'wb') as f:
             f.write(data); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)

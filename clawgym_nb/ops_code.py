@@ -91,7 +91,7 @@ class FixConfig(FileOp):
         plan = {'file': cfg, 'fmt': fmt, 'key': key, 'value': good, 'old_line': old_line[0], 'quote': False}
         return self.result(ins, crit, plan, [cfg], expected=[v(good)] if len(v(good)) >= 3 else [], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         leaf, val = plan['key'].split('.')[-1], plan['value']
         s = json.dumps(str(val).lower() if isinstance(val, bool) else str(val)) if plan['quote'] else json.dumps(val)
         ind = plan['old_line'][:len(plan['old_line']) - len(plan['old_line'].lstrip())]
@@ -143,7 +143,7 @@ class FixCodeRunTests(FileOp):
         plan = {'proj': proj, 'module': mod, 'old': f['old'], 'new': f['new'], 'out': out, 'capture_stderr': True}
         return self.result(ins, crit, plan, [out, mod], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         up = '/'.join(['..'] * len(Path(plan['proj']).parts))
         redir = ' 2>&1' if plan['capture_stderr'] else ''
         return [{'tool': 'edit', 'args': {'path': plan['module'], 'oldText': plan['old'], 'newText': plan['new']}},
@@ -227,7 +227,7 @@ class RunScriptCapture(FileOp):
         plan = {'script': script, 'log': log, 'level': level, 'since': since, 'out': out, 'code_out': code_out}
         return self.result(ins, crit, plan, [out, code_out], expected=[want.strip().splitlines()[-1]], difficulty=1)
 
-    def solve(self, plan):
+    def reference(self, plan):
         return [_sh(f'{_mkdir_for(plan["out"], plan["code_out"])}; python3 {plan["script"]} --level {plan["level"]} --since {plan["since"]} '
                     f'{plan["log"]} > {plan["out"]}; echo $? > {plan["code_out"]}')]
 
@@ -271,7 +271,7 @@ class AnalyseLogs(FileOp):
         plan = {'log': log, 'out': out, 'k': k, 'count_repeats': True}
         return self.result(ins, crit, plan, [out], expected=[f['first_error']], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         return [_sh(_mkdir_for(plan['out'])), _py(f'''
             import json, re
             counts, first, eps, seen = {{}}, None, {{}}, set()

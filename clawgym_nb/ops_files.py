@@ -53,12 +53,8 @@ def _num(v):
 
 class FileOp(Operation):
     "An operation whose reference actions are a function of its plan (so a teacher can perturb the plan)."
-    def solve(self, plan:dict) -> list: raise NotImplementedError
-    def perturb(self, plan:dict, rng:random.Random) -> dict|None:
-        "A plausibly wrong plan (a weak teacher's mistake) that earns partial credit; None when the op has no such knob."
-        return None
     def result(self, instruction, criteria, plan, outputs, **kw) -> OpResult:
-        return OpResult(instruction, criteria, self.solve(plan), outputs, plan, **kw)
+        return OpResult(instruction, criteria, self.reference(plan), outputs, plan, **kw)
 
 def _tone_rule(path:str, who:str) -> dict:
     return {'name': 'tone', 'file_path': path, 'scores': {
@@ -112,7 +108,7 @@ class OrganiseFiles(FileOp):
         plan = {'folder': folder, 'mapping': mapping, 'case_insensitive': True}
         return self.result(ins, crit, plan, list(moved.values()), difficulty=1)
 
-    def solve(self, plan):
+    def reference(self, plan):
         return [_py(f'''
             import os, shutil
             folder, mapping, ci = {plan['folder']!r}, {plan['mapping']!r}, {plan['case_insensitive']!r}
@@ -163,7 +159,7 @@ class RenameByPattern(FileOp):
         plan = {'folder': folder, 'renames': renames, 'day_first_old': [o for o in renames if o.startswith('sync-')][0]}
         return self.result(ins, crit, plan, [f'{folder}/{n}' for n in content], expected=list(content), difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         cmds = [f'mv {shlex.quote(plan["folder"] + "/" + o)} {shlex.quote(plan["folder"] + "/" + n)}' for o, n in plan['renames'].items()]
         return [_sh(' && '.join(cmds))]
 
@@ -213,7 +209,7 @@ class DraftMessage(FileOp):
         return self.result(ins, crit, plan, [out], expected=[fmt_money(f['final_amount']), f['final_date']],
                            rubric_rules=[_tone_rule(out, f'a business contact ({f["sender"]["name"]})')], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         d = dt.date.fromisoformat(plan['date'])
         body = (f'To: {plan["to"]["name"]} <{plan["to"]["email"]}>\nSubject: {plan["subject"]}\n\n'
                 f'Hi {plan["to"]["first"]},\n\nThank you for the correction. I confirm the {plan["item"]} ({plan["ref"]}) '
@@ -255,7 +251,7 @@ class RewriteTone(FileOp):
         plan = {'out': out, 'facts': ['ref', 'date', 'amount'], 'ref': f['ref'], 'date': f['date'], 'amount': f['amount'], 'item': f['item']}
         return self.result(ins, crit, plan, [out], rubric_rules=[_tone_rule(out, 'a customer')], difficulty=1)
 
-    def solve(self, plan):
+    def reference(self, plan):
         d = dt.date.fromisoformat(plan['date']); fs = plan['facts']
         t = ('Dear customer,\n\nThank you for your patience' + (f' regarding ticket {plan["ref"]}' if 'ref' in fs else '') + '. '
              f'We are sorry to let you know that the {plan["item"]} has been delayed by our supplier. '
@@ -318,7 +314,7 @@ class WriteReport(FileOp):
             '0.75': 'Accurate and readable, minor omissions.', '1': 'Accurate, concise summary of decisions and open actions across all meetings.'}}
         return self.result(ins, crit, plan, [out], expected=[fmt_money(total), f'{total:.2f}'], rubric_rules=[rule], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         acts = plan['actions'] + (plan['actions'][:1] if not plan['dedupe'] else [])
         tot = round(sum(plan['budgets'][:plan['n_files']]), 2)
         t = ('# Meeting report\n\n## Summary\n\nThe minutes cover ' + str(plan['n_files']) + ' weekly syncs; each approved a budget '
@@ -365,7 +361,7 @@ class ExtractFromHtml(FileOp):
         plan = {'out': out, 'contact': f['contact'], 'rows': rows, 'decode_entities': True}
         return self.result(ins, crit, plan, [out], expected=[x['date'] for x in rows], difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         items = [{'item': x['name'] if plan['decode_entities'] else x['name'].replace('&', '&amp;'), 'available_from': x['date'],
                   'price': x['price']} for x in plan['rows']]
         return [_sh(_mkdir_for(plan['out'])), _write(plan['out'], json.dumps({'contact': plan['contact'], 'items': items}, indent=2, ensure_ascii=False) + '\n')]
@@ -419,7 +415,7 @@ class FindInFiles(FileOp):
         plan = {'folder': folder, 'term': term.lower(), 'ignore_case': True, 'out': out}
         return self.result(ins, crit, plan, [out], expected=[], difficulty=1)
 
-    def solve(self, plan):
+    def reference(self, plan):
         return [_sh(_mkdir_for(plan['out'])), _py(f'''
             import json, os, re
             pat = re.compile(r'(?<![A-Za-z0-9_])' + re.escape({plan['term']!r}) + r'(?![A-Za-z0-9_])', re.I if {plan['ignore_case']!r} else 0)
@@ -475,7 +471,7 @@ class SummariseNotes(FileOp):
         exp = [f['date']] + ([f'{f["budget"]:.2f}'] if True else [])
         return self.result(ins, crit, plan, [out], expected=exp, difficulty=2)
 
-    def solve(self, plan):
+    def reference(self, plan):
         acts = plan['action_items'] + ([] if plan['dedupe'] else plan['action_items'][:1])
         d = {'meeting_date': plan['date'], 'attendees': plan['attendees'], 'budget_approved': plan['budget'], 'action_items': acts}
         return [_sh(_mkdir_for(plan['out'])), _write(plan['out'], json.dumps(d, indent=2, ensure_ascii=False) + '\n')]
@@ -498,7 +494,7 @@ def try_op(name:str, domain:str='sales', seed:int=0, provider:str='local') -> di
            'noop': run_episode(task, 'noop', provider=provider).record['code_score']}
     bad = op.perturb(res.plan, random.Random(seed)) if hasattr(op, 'perturb') else None
     if bad is not None:
-        task.metadata['gold_actions'] = op.solve(bad) + [{'say': 'Done.'}]
+        task.metadata['gold_actions'] = op.reference(bad) + [{'say': 'Done.'}]
         out['perturbed'] = run_episode(task, 'scripted:gold', provider=provider).record['code_score']
     return out
 

@@ -89,6 +89,12 @@ class Operation:
 
     def fits(self, domain:str) -> bool: return not self.domains or domain in self.domains
     def build(self, ctx:Context) -> OpResult: raise NotImplementedError
+    def reference(self, plan:dict) -> list:
+        "The reference steps (`{'tool','args'}` / `{'say'}`) that carry out `plan` (an `OpResult.plan`)."
+        raise NotImplementedError(f'{self.name} has no plan-driven reference')
+    def perturb(self, plan:dict, rng:random.Random) -> dict|None:
+        "A copy of `plan` with one plausible mistake (wrong threshold, format, ...); None when the op has no such knob."
+        return None
     def __repr__(self): return f'<op {self.name} ({self.category})>'
 
 OPERATIONS: dict[str, Operation] = {}

@@ -252,6 +252,7 @@ def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_U
     kind, _, rest = spec.partition(':')
     if kind == 'noop' and not rest: return NoopPolicy()
     if kind == 'scripted':
+        if rest not in SCRIPTS and rest.startswith('teacher'): import clawgym_nb.teachers  # registers the scripted teachers
         if rest not in SCRIPTS: raise ClawError(f'unknown script {rest!r}; known: {", ".join(sorted(SCRIPTS))}', field='--policy')
         p = ScriptedPolicy(script=rest); p.reset(task); return p
     if kind == 'openai':

@@ -27,7 +27,7 @@ def _check(name, domain, seed):
     if seed == 0:
         bad = op.perturb(res.plan, random.Random(seed))
         if bad is not None:
-            task.metadata['gold_actions'] = op.solve(bad) + [{'say': 'Done.'}]
+            task.metadata['gold_actions'] = op.reference(bad) + [{'say': 'Done.'}]
             out['perturbed'] = run_episode(task, 'scripted:gold', provider='local').record['code_score']
     return out
 
