@@ -159,8 +159,9 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     if missing:
         failed = _keep_failed(lay, name, variant, work)
         raise ClawError(f'declared artifacts missing: {", ".join(missing)} (executed notebook kept in {failed})', file=nb, field='ARTIFACTS')
-    run.update(status='complete', ended=_now(), wall_s=round(time.time() - t0, 1),
-               artifacts=sorted(str(p.relative_to(work)) for p in work.rglob('*') if p.is_file()))
+    files = [p for p in work.rglob('*') if p.is_file()]   # a run may keep thousands (a task store): count them, list the declared
+    run.update(status='complete', ended=_now(), wall_s=round(time.time() - t0, 1), artifacts=notebook_artifacts(nb),
+               files={'n': len(files) + 1, 'bytes': sum(p.stat().st_size for p in files)})
     atomic_write_json(work/'run.json', run)
     _swap_into_place(work, final)
     log(f'{name}/{variant}: complete in {run["wall_s"]} s')
