@@ -99,13 +99,14 @@ class DockerSandbox(Sandbox):
         return cls._probe or None
 
     def _start(self):
-        self.client = docker_client()
+        self.client = docker_client(timeout=120)   # a busy engine (64 containers at once) answers slowly, not never
         if self.client is None: raise ClawError('no docker engine answers', field='docker')
+        self._name = f'clawgym-{uuid.uuid4().hex[:12]}'   # known before the engine answers: close() can remove it even then
         lim = self.limits
         vols = {str(self.workspace): {'bind': self.root, 'mode': 'rw'}}
         for host, inside in self.ro_binds.items(): vols[str(Path(host).resolve())] = {'bind': inside, 'mode': 'ro'}
         kw = dict(network_mode='none', init=True, detach=True, volumes=vols, working_dir=self.root, labels={LABEL: '1'},
-                  environment={'HOME': '/root', 'LANG': 'C.UTF-8'}, name=f'clawgym-{uuid.uuid4().hex[:12]}',
+                  environment={'HOME': '/root', 'LANG': 'C.UTF-8'}, name=self._name,
                   tmpfs={'/tmp': f'size={lim.tmp_mb or 512}m', '/root': f'size={lim.tmp_mb or 512}m'}, read_only=True, cap_drop=['ALL'], security_opt=['no-new-privileges'],
                   ulimits=[] if not lim.file_size_mb else [__import__('docker').types.Ulimit(name='fsize', soft=lim.file_size_mb * 2**20, hard=lim.file_size_mb * 2**20)])
         if lim.memory_mb: kw.update(mem_limit=f'{lim.memory_mb}m', memswap_limit=f'{lim.memory_mb}m')
@@ -134,10 +135,14 @@ class DockerSandbox(Sandbox):
         return bp
 
     def _stop(self):
-        c = getattr(self, 'container', None)
-        if c is not None:
-            try: c.remove(force=True)
-            except Exception: pass
+        "Remove the container (by name, so one whose creation timed out on our side goes too), retrying a busy engine."
+        name, client = getattr(self, '_name', None), getattr(self, 'client', None)
+        if not name or client is None: return
+        import docker
+        for attempt in range(4):
+            try: client.api.remove_container(name, force=True); return
+            except docker.errors.NotFound: return
+            except Exception: time.sleep(0.5 * (attempt + 1))
 
 def cleanup_containers() -> int:
     "Remove every container this project started that is still around (after a crash); returns how many."
