@@ -15,7 +15,7 @@ from .agent import run_episode
 from .policies import make_policy
 
 # %% auto #0
-__all__ = ['summarise', 'format_summary', 'evaluate', 'benchmark_grading']
+__all__ = ['summarise', 'format_summary', 'run_parallel', 'evaluate', 'benchmark_grading']
 
 # %% ../nbs/09_evaluate.ipynb #a367ef5e
 def summarise(records:list[dict]) -> dict:
@@ -42,6 +42,30 @@ def format_summary(s:dict) -> str:
     return '\n'.join(lines)
 
 # %% ../nbs/09_evaluate.ipynb #6e66ee3c
+def run_parallel(fn,                 # Called as fn(*item) in a worker thread
+                 items:list,         # Argument tuples
+                 workers:int=1,      # Threads
+                 desc:str='',        # Progress bar label
+                 unit:str='task',    # Progress bar unit
+                 progress:bool=True) -> list:
+    "Run `fn` over `items` in a thread pool with a progress bar; an interrupt cancels what has not started."
+    bar = None
+    if progress and items:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(items), desc=desc, unit=unit)
+    pool, out = ThreadPoolExecutor(max_workers=max(1, workers)), []
+    try:
+        for f in as_completed([pool.submit(fn, *it) for it in items]):
+            out.append(f.result())
+            if bar: bar.update(1)
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True); raise
+    finally:
+        if bar: bar.close()
+    pool.shutdown(wait=True)
+    return out
+
+# %% ../nbs/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
              policy:str,                   # Policy spec: noop | scripted:NAME | openai:MODEL@URL | hf:PATH
              out_dir:str|Path,             # Where scores.jsonl, transcripts/ and summary.json go
@@ -72,22 +96,8 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
         with lock: append_jsonl(scores_path, ep.record)
         return ep.record
 
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(todo), desc=f'eval {policy}', unit='task')
     t0 = time.time()
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:
-        futs = [pool.submit(one, t) for t in todo]
-        for f in as_completed(futs):
-            f.result()
-            if bar: bar.update(1)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True); raise
-    finally:
-        if bar: bar.close()
-    pool.shutdown(wait=True)
+    run_parallel(one, [(t,) for t in todo], workers, desc=f'eval {policy}', progress=progress)
     records = read_jsonl(scores_path)
     if retry_errors:  # the latest line per task wins
         records = list({r['task_id']: r for r in records}.values())

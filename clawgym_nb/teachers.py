@@ -6,7 +6,7 @@
 from __future__ import annotations
 import random, shlex, threading, time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from .evaluate import run_parallel
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -268,21 +268,8 @@ def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
         with lock: append_jsonl(path, rec)
         return rec
 
-    bar = None
-    if progress and todo:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(todo), desc=f'rollouts {policy}', unit='traj')
     t0 = time.time()
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:
-        for f in as_completed([pool.submit(one, t, k) for t, k in todo]):
-            f.result()
-            if bar: bar.update(1)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True); raise
-    finally:
-        if bar: bar.close()
-    pool.shutdown(wait=True)
+    run_parallel(one, todo, workers, desc=f'rollouts {policy}', unit='traj', progress=progress)
     summary = {**reward_summary(read_jsonl(path)), 'policy': policy, 'n_per_task': n_per_task, 'n_tasks': len(tasks),
                'provider': provider, 'workers': workers, 'wall_s': round(time.time() - t0, 2), 'path': str(path)}
     atomic_write_json(out/'summary.json', summary)
