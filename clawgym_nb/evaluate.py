@@ -15,7 +15,7 @@ from .agent import run_episode
 from .policies import make_policy
 
 # %% auto #0
-__all__ = ['summarise', 'format_summary', 'run_parallel', 'evaluate', 'benchmark_grading']
+__all__ = ['summarise', 'format_summary', 'run_parallel', 'as_tasks', 'evaluate', 'benchmark_grading']
 
 # %% ../nbs/09_evaluate.ipynb #a367ef5e
 def summarise(records:list[dict]) -> dict:
@@ -65,6 +65,13 @@ def run_parallel(fn,                 # Called as fn(*item) in a worker thread
     pool.shutdown(wait=True)
     return out
 
+def as_tasks(tasks, log=print) -> tuple[list, list]:
+    "A task list from a store folder or a list; folders that do not load are logged (one line each) and returned."
+    errors = []
+    if isinstance(tasks, (str, Path)): tasks = load_tasks(tasks, errors=errors)
+    for f, e in errors: log(f'skipped: {e}')
+    return list(tasks), errors
+
 # %% ../nbs/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
              policy:str,                   # Policy spec: noop | scripted:NAME | openai:MODEL@URL | hf:PATH
@@ -79,9 +86,7 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
              log=print) -> dict:
     "Run `policy` on every task, grade, append to `scores.jsonl`; resumes where an earlier call stopped."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    load_errors = []
-    if isinstance(tasks, (str, Path)): tasks = load_tasks(tasks, errors=load_errors)
-    for f, e in load_errors: log(f'skipped: {e}')
+    tasks, load_errors = as_tasks(tasks, log)
     make_policy(policy, task=tasks[0] if tasks else None)  # a bad spec fails here, once, not once per task
     scores_path = out/'scores.jsonl'
     previous = {r['task_id']: r for r in read_jsonl(scores_path)}

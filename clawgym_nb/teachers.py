@@ -6,14 +6,13 @@
 from __future__ import annotations
 import random, shlex, threading, time
 from collections import Counter
-from .evaluate import run_parallel
+from .evaluate import as_tasks, run_parallel
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 from typing import Callable
 from .core import append_jsonl, atomic_write_json, read_jsonl
 from .opspec import OPERATIONS
-from .tasks import load_tasks
 from .policies import ScriptedPolicy, register_script, make_policy
 from .agent import run_episode
 
@@ -251,9 +250,7 @@ def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
              log=print) -> dict:
     "K rollouts per task in parallel sandboxes, one JSONL line per trajectory; resumes where an earlier call stopped."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    errors = []
-    if isinstance(tasks, (str, Path)): tasks = load_tasks(tasks, errors=errors)
-    for f, e in errors: log(f'skipped: {e}')
+    tasks, errors = as_tasks(tasks, log)
     if tasks: rollout_policy(policy, task=tasks[0])   # a bad spec fails here, once
     path = out/'trajectories.jsonl'
     done = {(r['task_id'], r['rollout']) for r in read_jsonl(path)}
