@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument('--max-turns', type=int, default=30)
     ev.add_argument('--weights', help='hybrid weights, e.g. code=0.7,rubric=0.3')
     ev.add_argument('--retry-errors', action='store_true'); ev.add_argument('--no-progress', action='store_true')
+    ev.add_argument('--executor', default='thread', choices=['thread', 'ray'], help='ray: Ray tasks on RAY_ADDRESS or a local instance')
     pf = sub.add_parser('perf', help='benchmarks'); psub = pf.add_subparsers(dest='what', required=True)
     ps = psub.add_parser('sandbox', help='sandbox lifecycle and exec round trip')
     ps.add_argument('--providers', default='local,bwrap,docker'); ps.add_argument('--n', type=int, default=50)
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument('--n-per-task', type=int, default=1); ro.add_argument('--workers', type=int, default=2)
     ro.add_argument('--out', type=Path, required=True); ro.add_argument('--sandbox', default='auto')
     ro.add_argument('--max-turns', type=int, default=30); ro.add_argument('--no-progress', action='store_true')
+    ro.add_argument('--executor', default='thread', choices=['thread', 'ray'], help='ray: Ray tasks on RAY_ADDRESS or a local instance')
     di = sub.add_parser('docker-image', help='build the offline base image for the docker sandbox (debootstrap + docker import)')
     di.add_argument('--tag', default=None)
     return p
@@ -122,7 +124,8 @@ def _cmd(a) -> int:
     elif a.cmd == 'eval':
         from clawgym_nb.evaluate import evaluate
         evaluate(a.tasks, a.policy, a.out, provider=a.sandbox, workers=a.workers, judge=make_judge(a.judge),
-                 max_turns=a.max_turns, weights=parse_weights(a.weights), retry_errors=a.retry_errors, progress=not a.no_progress)
+                 max_turns=a.max_turns, weights=parse_weights(a.weights), retry_errors=a.retry_errors, progress=not a.no_progress,
+                 executor=a.executor)
     elif a.cmd == 'perf' and a.what == 'sandbox':
         from clawgym_nb.perf import benchmark_sandboxes
         res = benchmark_sandboxes(providers=tuple(p for p in a.providers.split(',') if p), n=a.n)
@@ -158,7 +161,7 @@ def _cmd(a) -> int:
     elif a.cmd == 'rollouts':
         from clawgym_nb.teachers import rollouts
         rollouts(a.tasks, a.policy, a.n_per_task, a.out, provider=a.sandbox, workers=a.workers, max_turns=a.max_turns,
-                 progress=not a.no_progress)
+                 progress=not a.no_progress, executor=a.executor)
     elif a.cmd == 'docker-image':
         from clawgym_nb.docker_sandbox import build_base_image
         print(build_base_image(**({'tag': a.tag} if a.tag else {})))

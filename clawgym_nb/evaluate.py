@@ -4,8 +4,8 @@
 
 # %% ../nbs/09_evaluate.ipynb #fe403dff
 from __future__ import annotations
-import json, os, shutil, subprocess, sys, tempfile, threading, time
-from collections import Counter, defaultdict
+import json, os, shutil, subprocess, sys, tempfile, time
+from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, median
@@ -15,7 +15,8 @@ from .agent import run_episode
 from .policies import make_policy
 
 # %% auto #0
-__all__ = ['summarise', 'format_summary', 'run_parallel', 'as_tasks', 'evaluate', 'benchmark_grading']
+__all__ = ['EXECUTORS', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks', 'evaluate',
+           'benchmark_grading']
 
 # %% ../nbs/09_evaluate.ipynb #a367ef5e
 def summarise(records:list[dict]) -> dict:
@@ -41,28 +42,87 @@ def format_summary(s:dict) -> str:
     lines += [f"  {c:<32} n={v['n']:<4} mean={v['mean_final']:.3f}" for c, v in s['per_category'].items()]
     return '\n'.join(lines)
 
+# %% ../nbs/09_evaluate.ipynb #50adda8f
+EXECUTORS = ('thread', 'ray')
+
+def connect_ray():
+    "The `ray` module, connected: to the cluster at `RAY_ADDRESS` when set, else to this process's instance or a new local one."
+    try: import ray
+    except ImportError: raise ClawError('ray is not installed (pip install ray)', field='--executor') from None
+    if not ray.is_initialized(): ray.init(address=os.environ.get('RAY_ADDRESS') or None, ignore_reinit_error=True)
+    return ray
+
+def check_executor(executor:str,  # `thread` or `ray`
+                   **objs):       # Objects the workers will receive (checked to pickle when `executor='ray'`)
+    "Raise a one-line `ClawError` for an unknown executor, a missing `ray`, or an argument Ray workers cannot receive."
+    if executor not in EXECUTORS:
+        raise ClawError(f"unknown executor {executor!r}; use {' or '.join(EXECUTORS)}", field='--executor')
+    if executor != 'ray': return
+    try: import ray.cloudpickle as cp
+    except ImportError: raise ClawError('ray is not installed (pip install ray)', field='--executor') from None
+    for name, obj in objs.items():
+        if obj is None: continue
+        try: cp.dumps(obj)
+        except Exception as e:
+            raise ClawError(f'cannot be sent to Ray workers ({type(e).__name__}: {e}); use --executor thread', field=name) from None
+
 # %% ../nbs/09_evaluate.ipynb #6e66ee3c
-def run_parallel(fn,                 # Called as fn(*item) in a worker thread
+def _apply(fn, *args): return fn(*args)   # what a Ray task runs: module level, so it pickles by reference
+
+def _thread_results(fn, items, workers):
+    "Results of `fn(*item)` from a thread pool, in completion order; leaving early cancels what has not started."
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        for f in as_completed([pool.submit(fn, *it) for it in items]): yield f.result()
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True); raise
+    pool.shutdown(wait=True)
+
+def _ray_results(fn, items, workers, num_cpus=1):
+    "Results of `fn(*item)` as Ray tasks, at most `workers` in flight, in completion order; leaving early cancels the rest."
+    ray = connect_ray()
+    try: fn_ref = ray.put(fn)
+    except Exception as e:
+        raise ClawError(f'{getattr(fn, "__name__", fn)!s} cannot be sent to Ray workers ({type(e).__name__}: {e})', field='--executor') from None
+    task, todo, pending = ray.remote(num_cpus=num_cpus)(_apply), deque(items), []
+    try:
+        while todo or pending:
+            while todo and len(pending) < max(1, workers): pending.append(task.remote(fn_ref, *todo.popleft()))
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try: res = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:   # re-raise what the worker raised (its traceback stays chained)
+                    if isinstance(getattr(e, 'cause', None), Exception): raise e.cause from e
+                    raise
+                yield res
+    except BaseException:
+        for ref in pending: ray.cancel(ref)
+        raise
+
+def run_parallel(fn,                 # Called as fn(*item) by a worker (module level for `executor='ray'`)
                  items:list,         # Argument tuples
-                 workers:int=1,      # Threads
+                 workers:int=1,      # Items in flight at once (threads, or Ray tasks)
                  desc:str='',        # Progress bar label
                  unit:str='task',    # Progress bar unit
-                 progress:bool=True) -> list:
-    "Run `fn` over `items` in a thread pool with a progress bar; an interrupt cancels what has not started."
-    bar = None
+                 progress:bool=True, # Show a progress bar
+                 executor:str='thread',  # `thread` or `ray`
+                 on_result=None,     # Called in the calling thread with each result as it arrives; its return value is kept
+                 num_cpus:float=1) -> list:  # CPUs Ray reserves per task
+    "Run `fn` over `items` on threads or Ray tasks with a progress bar, results (or `on_result`'s values) in completion order."
+    check_executor(executor)
+    items = list(items)
+    stream = (_ray_results(fn, items, workers, num_cpus) if executor == 'ray' and items else _thread_results(fn, items, workers))
+    bar, out = None, []
     if progress and items:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(items), desc=desc, unit=unit)
-    pool, out = ThreadPoolExecutor(max_workers=max(1, workers)), []
     try:
-        for f in as_completed([pool.submit(fn, *it) for it in items]):
-            out.append(f.result())
+        for res in stream:
+            out.append(on_result(res) if on_result else res)
             if bar: bar.update(1)
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True); raise
     finally:
+        stream.close()   # after an exception here (e.g. in on_result): cancels what is still queued
         if bar: bar.close()
-    pool.shutdown(wait=True)
     return out
 
 def as_tasks(tasks, log=print) -> tuple[list, list]:
@@ -71,6 +131,11 @@ def as_tasks(tasks, log=print) -> tuple[list, list]:
     if isinstance(tasks, (str, Path)): tasks = load_tasks(tasks, errors=errors)
     for f, e in errors: log(f'skipped: {e}')
     return list(tasks), errors
+
+# %% ../nbs/09_evaluate.ipynb #86bdc4dd
+def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights):
+    "Run and grade one episode (module level: what a worker, thread or Ray task, runs)."
+    return run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights)
 
 # %% ../nbs/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
@@ -83,30 +148,30 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
              weights:dict|None=None,       # Hybrid weights override
              retry_errors:bool=False,      # On resume, also re-run tasks that ended with an error class
              progress:bool=True,           # Show a progress bar
-             log=print) -> dict:
+             log=print,
+             executor:str='thread') -> dict:  # `thread` (a thread pool) or `ray` (Ray tasks; `RAY_ADDRESS` or a local instance)
     "Run `policy` on every task, grade, append to `scores.jsonl`; resumes where an earlier call stopped."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tasks, load_errors = as_tasks(tasks, log)
     make_policy(policy, task=tasks[0] if tasks else None)  # a bad spec fails here, once, not once per task
+    check_executor(executor, judge=judge, task=tasks[0] if tasks else None)
     scores_path = out/'scores.jsonl'
     previous = {r['task_id']: r for r in read_jsonl(scores_path)}
     if retry_errors: previous = {k: r for k, r in previous.items() if not r.get('error_class')}
     todo = [t for t in tasks if t.task_id not in previous]
     if previous: log(f'resuming: {len(previous)} task(s) already scored in {scores_path}, {len(todo)} to run')
-    lock = threading.Lock()
 
-    def one(task):
-        ep = run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights)
-        ep.save(out/'transcripts')
-        with lock: append_jsonl(scores_path, ep.record)
+    def write(ep):   # in this thread: transcript first, then the line that marks the task done
+        ep.save(out/'transcripts'); append_jsonl(scores_path, ep.record)
         return ep.record
 
     t0 = time.time()
-    run_parallel(one, [(t,) for t in todo], workers, desc=f'eval {policy}', progress=progress)
+    run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights) for t in todo], workers,
+                 desc=f'eval {policy}', progress=progress, executor=executor, on_result=write)
     records = read_jsonl(scores_path)
     if retry_errors:  # the latest line per task wins
         records = list({r['task_id']: r for r in records}.values())
-    summary = {**summarise(records), 'policy': policy, 'provider': provider, 'workers': workers,
+    summary = {**summarise(records), 'policy': policy, 'provider': provider, 'workers': workers, 'executor': executor,
                'wall_s': round(time.time() - t0, 2), 'load_errors': [{'file': f, 'error': e} for f, e in load_errors]}
     atomic_write_json(out/'summary.json', summary)
     log(format_summary(summary))
