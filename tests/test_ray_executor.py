@@ -105,3 +105,11 @@ def test_stop_cancels_the_rest(local_ray):
     with pytest.raises(KeyboardInterrupt):
         run_parallel(time.sleep, [(0.1,)] + [(5,)] * 5, workers=2, executor='ray', progress=False, on_result=stop)
     assert time.perf_counter() - t0 < 4
+
+def test_ray_missing_is_one_line(monkeypatch, tmp_path):
+    "Without ray installed (simulated) the library still works with threads and `--executor ray` says what to install."
+    import sys
+    for m in ('ray', 'ray.cloudpickle'): monkeypatch.setitem(sys.modules, m, None)
+    with pytest.raises(ClawError, match=r'^--executor: ray is not installed \(pip install ray\)$'):
+        evaluate(make_demo_tasks(1), 'noop', tmp_path, log=quiet, executor='ray')
+    assert run_parallel(pow, [(2, 3)], progress=False) == [8]
