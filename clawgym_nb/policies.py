@@ -245,7 +245,7 @@ def _as_text_messages(messages:list) -> list:
     return out
 
 # %% ../nbs/06_policies.ipynb #2c1effe9
-def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_URL` or `hf:PATH`
+def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_URL`, `hf:PATH` or `student:MODEL`
                 task=None,       # The task of the episode (scripted policies pick their steps from it)
                 **kw):           # Extra keyword arguments for the policy class
     "Build a fresh policy from a spec string (call once per episode: scripted policies keep state)."
@@ -262,4 +262,8 @@ def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_U
     if kind == 'hf':
         if not rest: raise ClawError(f'expected hf:PATH, got {spec!r}', field='--policy')
         return HFPolicy(rest, **kw)
-    raise ClawError(f'unknown policy spec {spec!r}; use noop, scripted:NAME, openai:MODEL@BASE_URL or hf:PATH', field='--policy')
+    if kind == 'student':   # a trained (or untrained) student rung or checkpoint, batched across episodes (student.py)
+        if not rest: raise ClawError(f'expected student:RUNG_OR_FOLDER, got {spec!r}', field='--policy')
+        from clawgym_nb.student import student_policy
+        return student_policy(rest)
+    raise ClawError(f'unknown policy spec {spec!r}; use noop, scripted:NAME, openai:MODEL@BASE_URL, hf:PATH or student:MODEL', field='--policy')
