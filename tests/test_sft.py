@@ -1,0 +1,157 @@
+"""SFT on the tiny rung (clawgym_nb.sft): assistant-only labels on real batches, a short run that saves, resumes and loads,
+and one-line errors for a missing checkpoint, a corrupt trajectory file and data that is all too long."""
+import contextlib, io, json, re, shutil
+from pathlib import Path
+import pytest
+from clawgym_nb.cli import main
+from clawgym_nb.core import ClawError, read_jsonl, write_jsonl
+from clawgym_nb.filtering import load_trajectories, write_sft_dataset
+from clawgym_nb.models import load_model, rung_label
+from clawgym_nb.sft import loss_token_report, make_sft_trainer, sft_examples, train_sft
+from clawgym_nb.synth import synthesize
+from clawgym_nb.teachers import rollouts
+
+QUIET = dict(log=lambda *a: None)
+FAST = dict(bf16=False, max_length=4096)   # fp32 is faster than bf16 autocast on a small CPU; the tiny rung takes 4,096 positions
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    "Teacher trajectories on 4 synthesised tasks, their filtered SFT file, and a short version of it (fast steps)."
+    d = tmp_path_factory.mktemp('sft-data')
+    synthesize('mixed', 4, seed=0, out_dir=d/'tasks', n_ops=(1, 1), progress=False, **QUIET)
+    rollouts(d/'tasks', 'scripted:teacher', 1, d/'rollouts', progress=False, **QUIET)
+    traj = d/'rollouts'/'trajectories.jsonl'
+    kept = write_sft_dataset(load_trajectories(traj), d/'sft.jsonl', 0.5)
+    assert kept['n'] >= 2, kept
+    short = [{**r, 'messages': r['messages'][:4] + [r['messages'][-1]]} for r in read_jsonl(d/'sft.jsonl')]
+    assert all(r['messages'][-1]['role'] == 'assistant' for r in short)
+    write_jsonl(d/'short.jsonl', short)
+    return d
+
+
+@pytest.fixture(scope='module')
+def tok():
+    return load_model('tiny')[0]
+
+
+def _labelled_spans(ids, labels, att):
+    "[(start, end)] of runs of trained positions (label != -100) among the real tokens."
+    out, start = [], None
+    for j, (l, a) in enumerate(list(zip(labels, att)) + [(-100, 0)]):
+        on = a and l != -100
+        if on and start is None: start = j
+        if not on and start is not None: out.append((start, j)); start = None
+    return out
+
+
+def _report_and_recount(path, tok, out):
+    examples, counts = sft_examples(path, tok, 4096)
+    assert counts['kept'] == counts['n_in'] >= 2
+    tr = make_sft_trainer('tiny', examples, out, batch_size=2, max_steps=1, save_steps=100, **FAST)
+    rep = loss_token_report(tr, n_batches=-(-len(examples) // 2))               # every batch
+    assert rep['tokens'] == rep['trained'] + rep['masked'] and rep['trained'] > 0 and rep['trained_in_tool_or_user'] == 0, rep
+    # recount by hand: the trained spans of each row are exactly its assistant turns (text + <|im_end|>), nothing else
+    prompts = [m['content'] for r in read_jsonl(path) for m in r['messages'] if m['role'] == 'user']
+    trained, rows = 0, 0
+    for batch in tr.get_train_dataloader():
+        for ids, labels, att in zip(batch['input_ids'].tolist(), batch['labels'].tolist(), batch['attention_mask'].tolist()):
+            rows += 1
+            spans = [tok.decode(ids[s:e]) for s, e in _labelled_spans(ids, labels, att)]
+            trained += sum(e - s for s, e in _labelled_spans(ids, labels, att))
+            full = tok.decode([i for i, a in zip(ids, att) if a])
+            assert spans == re.findall(r'<\|im_start\|>assistant\n(.*?<\|im_end\|>\n)', full, re.S)
+            for text in spans:
+                assert '<tool_response>' not in text and '<|im_start|>' not in text, text
+                assert not any(p[:60] in text for p in prompts), text
+    assert trained == rep['trained'] and rows == len(examples)
+    return rep
+
+
+def test_loss_only_on_assistant_tokens(data, tok, tmp_path):
+    rep = _report_and_recount(data/'sft.jsonl', tok, tmp_path/'full')
+    assert rep['masked'] > 0
+    # (on whole teacher trajectories the assistant turns, which carry entire scripts, can outweigh the rest: no order there)
+    rep = _report_and_recount(data/'short.jsonl', tok, tmp_path/'short')
+    assert rep['masked'] > rep['trained'] > 0, rep
+
+
+@pytest.fixture(scope='module')
+def trained(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp('sft-run')
+    rec = train_sft('tiny', data/'short.jsonl', out, batch_size=2, max_steps=4, save_steps=2, **FAST, **QUIET)
+    return out, rec
+
+
+def test_short_run_writes_model_loss_and_record(trained):
+    out, rec = trained
+    assert (out/'model'/'config.json').is_file() and (out/'sft.json').is_file() and (out/'loss.csv').is_file()
+    assert json.loads((out/'sft.json').read_text()) == json.loads(json.dumps(rec))
+    assert rec['steps'] == 4 and rec['resumed_from'] is None and rec['lora_r'] == 16
+    assert rec['first_loss'] > 0 and rec['input_tokens_seen'] > 0
+    rows = (out/'loss.csv').read_text().splitlines()
+    assert rows[0].startswith('step,') and [int(r.split(',')[0]) for r in rows[1:]] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (out/'checkpoints').glob('checkpoint-*')) == ['checkpoint-2', 'checkpoint-4']
+    assert 'SFT' in rung_label(str(out/'model'))
+    tok, model = load_model(str(out/'model'))
+    assert type(model).__name__ == 'Qwen3ForCausalLM' and tok.chat_template
+    assert not any('lora' in n for n, _ in model.named_parameters())             # LoRA merged into the weights
+    # a finished run is not repeated
+    assert train_sft('tiny', '/nope.jsonl', out, **QUIET) == json.loads((out/'sft.json').read_text())
+
+
+def test_resume_from_newest_checkpoint(data, trained):
+    out, _ = trained
+    shutil.rmtree(out/'model'); (out/'sft.json').unlink()
+    rec = train_sft('tiny', data/'short.jsonl', out, batch_size=2, max_steps=6, save_steps=2, **FAST, **QUIET)
+    assert rec['resumed_from'].endswith('checkpoint-4') and rec['steps'] == 6
+    rows = (out/'loss.csv').read_text().splitlines()[1:]
+    assert [int(r.split(',')[0]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert (out/'model'/'config.json').is_file() and json.loads((out/'sft.json').read_text())['steps'] == 6
+
+
+def test_missing_checkpoint_is_one_line(data, tmp_path):
+    with pytest.raises(ClawError) as e: train_sft('tiny', data/'short.jsonl', tmp_path/'run', resume_from='/nope', **QUIET)
+    assert e.value.field == 'resume_from' and e.value.file == '/nope' and '\n' not in str(e.value)
+
+
+def _snapshot(folder:Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def test_corrupt_trajectory_line_is_one_line_and_loses_nothing(data, tmp_path):
+    run = tmp_path/'rollouts'; shutil.copytree(data/'rollouts', run)
+    path = run/'trajectories.jsonl'
+    lines = path.read_text().split('\n'); assert len([l for l in lines if l]) >= 3
+    lines[1] = lines[1][:len(lines[1]) // 2]                                     # torn line in the middle
+    path.write_text('\n'.join(lines))
+    out = tmp_path/'sft-out'; out.mkdir(); (out/'notes.txt').write_text('keep me')
+    write_sft_dataset(load_trajectories(data/'rollouts'/'trajectories.jsonl'), out/'sft.jsonl', 0.5)
+    before_run, before_out = _snapshot(run), _snapshot(out)
+    with pytest.raises(ClawError) as e: load_trajectories(path)
+    assert Path(e.value.file) == path and e.value.field == 'line 2' and '\n' not in str(e.value)
+    assert str(path) in str(e.value) and 'line 2' in str(e.value)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err): rc = main(['sft', '--model', 'tiny', '--data', str(path), '--out', str(out)])
+    assert rc == 2 and err.getvalue().count('\n') == 1 and 'line 2' in err.getvalue() and str(path) in err.getvalue()
+    assert _snapshot(run) == before_run and _snapshot(out) == before_out
+
+
+def test_all_examples_too_long(data, tmp_path):
+    with pytest.raises(ClawError) as e: train_sft('tiny', data/'short.jsonl', tmp_path/'run', max_length=32, **QUIET)
+    assert e.value.field == 'data' and Path(e.value.file) == data/'short.jsonl'
+    assert not (tmp_path/'run'/'model').exists()
+
+
+def test_cli_sft_filters_trajectories_and_prints_one_json_line(data, tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    argv = ['sft', '--model', 'tiny', '--data', str(data/'rollouts'), '--out', str(tmp_path/'run'), '--max-steps', '1',
+            '--batch-size', '1', '--save-steps', '1', '--max-length', '4096', '--no-bf16', '--threshold', '0.5']
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main(argv)
+    assert rc == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    assert rec['steps'] == 1 and rec['n_in'] == len(read_jsonl(data/'sft.jsonl'))
+    assert read_jsonl(tmp_path/'run'/'sft.jsonl') == read_jsonl(data/'sft.jsonl')   # the same threshold filter
+    assert (tmp_path/'run'/'model'/'rung.json').is_file() and 'kept' in err.getvalue()
