@@ -120,6 +120,9 @@ def run_episode(task,                      # A `tasks.Task`
             try: msg = policy(list(env.messages), env.tools)
             except PolicyError as e:
                 rec.update(error_class='policy_error', error=str(e), stop_reason='policy_error'); break
+            except ClawError: raise
+            except Exception as e:   # a bug in the policy is the policy's failure, not the sandbox's
+                rec.update(error_class='policy_error', error=f'{type(e).__name__}: {" ".join(str(e).split())[:300]}', stop_reason='policy_error'); break
             out = env.step(msg); done, info = out['done'], out['info']
         rec['stop_reason'] = rec['stop_reason'] or info.get('stop_reason')
         rec['turns'] = env.turns

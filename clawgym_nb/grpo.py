@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, math, random, shutil, time
 from pathlib import Path
 from statistics import mean, pstdev
-from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl
+from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from .evaluate import as_tasks, run_parallel
 from .agent import run_episode
 from .student import Generator, StudentPolicy
@@ -71,10 +71,15 @@ def _bench(gen, tasks, provider, max_turns, max_new_tokens, max_context, workers
     return {'bench_mean': round(mean(ok), 4) if ok else None, 'bench_solved': sum(1 for r in ok if r >= 1.0), 'bench_n': len(ok),
             'bench_infra_failed': len(rs) - len(ok)}
 
-def _save_adapter(model, out:Path, state:dict):
+def _save_adapter(model, tok, opt, out:Path, state:dict):
+    "The LoRA adapter (or, for a full fine-tune, the whole model) with the optimizer and the step, swapped in atomically."
+    import torch
     tmp = out/'.adapter.tmp'; shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp); atomic_write_json(tmp/'state.json', state)
-    shutil.rmtree(out/'adapter', ignore_errors=True); tmp.rename(out/'adapter')
+    model.save_pretrained(tmp); tok.save_pretrained(tmp); torch.save(opt.state_dict(), tmp/'optimizer.pt')
+    atomic_write_json(tmp/'state.json', state)
+    old = out/'.adapter.old'; shutil.rmtree(old, ignore_errors=True)
+    if (out/'adapter').exists(): (out/'adapter').rename(old)
+    tmp.rename(out/'adapter'); shutil.rmtree(old, ignore_errors=True)
 
 # %% ../nbs/24_grpo.ipynb #e0fa2228
 def grpo_train(model:str,                 # Starting point: an SFT model folder or a rung
@@ -95,13 +100,18 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     bench, _ = as_tasks(bench_tasks, log) if bench_tasks is not None else ([], [])
     if not tasks: raise ClawError('no training tasks', field='tasks')
     torch.manual_seed(seed)
-    tok, base = load_model(model, device=device)
+    state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
+    if not state['step'] and read_jsonl(out/'steps.jsonl'):
+        raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
+    for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone
+        rows = read_jsonl(out/name)
+        if any(r['step'] > state['step'] for r in rows): write_jsonl(out/name, [r for r in rows if r['step'] <= state['step']])
+    tok, base = load_model(str(out/'adapter') if state['step'] and not lora_r else model, device=device)
     if lora_r:
         from peft import LoraConfig, PeftModel, get_peft_model
-        if (out/'adapter'/'adapter_config.json').is_file(): net = PeftModel.from_pretrained(base, out/'adapter', is_trainable=True)
+        if state['step']: net = PeftModel.from_pretrained(base, out/'adapter', is_trainable=True)
         else: net = get_peft_model(base, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules='all-linear', task_type='CAUSAL_LM'))
     else: net = base
-    state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     if (out/'adapter'/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(out/'adapter'/'optimizer.pt'))
     gen = Generator(tok, net, max_batch=prompts_per_step * group_size, autocast=bf16)
@@ -142,9 +152,9 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                'train_tokens_per_s': round(sum(len(s[0]) for s in seqs) / t_train, 1) if seqs and t_train else None}
         if bench and (step % eval_every == 0 or step == steps):
             net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers); rec.update(b)
-            append_jsonl(out/'bench.jsonl', {'step': step, **b})
+        _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging
+        if 'bench_mean' in rec: append_jsonl(out/'bench.jsonl', {'step': step, **{k: rec[k] for k in ('bench_mean', 'bench_solved', 'bench_n', 'bench_infra_failed')}})
         append_jsonl(out/'steps.jsonl', rec)
-        if lora_r: _save_adapter(net, out, {'step': step, **run}); torch.save(opt.state_dict(), out/'adapter'/'optimizer.pt')
         log(f"grpo step {step}/{steps}: reward {rec['reward_mean']} (n={len(rewards)}, infra {infra}), trained {len(seqs)} seqs, "
             f"{t_step:.0f} s (sandbox wait {rec['sandbox_wait_share']:.1%})" + (f", bench {rec['bench_mean']}" if 'bench_mean' in rec else ''))
     merged = net.merge_and_unload() if lora_r else net

@@ -69,7 +69,7 @@ def small_model_dir() -> Path:
 def tiny_model_dir(n_tasks:int=60,       # Synthesised tasks whose text trains the tokenizer
                    seed:int=0) -> Path:
     "The cached tiny Qwen3 folder (built on first use, a few seconds)."
-    out = cache_root()/'models'/f'tiny-qwen3-s{seed}-n{n_tasks}'
+    out = cache_root()/'models'/f'tiny-qwen3-h256-s{seed}-n{n_tasks}'
     if (out/'rung.json').is_file(): return out
     from clawgym_nb.synth import synthesize
     from clawgym_nb.tasks import load_tasks
@@ -78,7 +78,7 @@ def tiny_model_dir(n_tasks:int=60,       # Synthesised tasks whose text trains t
         synthesize('mixed', n_tasks, seed=seed, out_dir=d, validate=False, progress=False, log=lambda *a: None)
         texts = tiny_corpus(load_tasks(d))
     out.parent.mkdir(parents=True, exist_ok=True)
-    return build_tiny(out, texts, seed=seed)
+    return build_tiny(out, texts, seed=seed, hidden_size=256, intermediate_size=768)   # about 2.6M parameters
 
 # %% ../nbs/21_models.ipynb #4e2025b5
 def resolve_model(spec:str) -> str:

@@ -4,12 +4,12 @@
 
 # %% ../nbs/14a_ops_tablib.ipynb #e94b984d
 from __future__ import annotations
-import random, textwrap
+import random, re, textwrap
 from .opspec import Context, Criterion, Operation
 from .mock_tables import Table, make_table
 
 # %% auto #0
-__all__ = ['L', 'SOLVE_LIB', 'GRADE_LIB', 'crit', 'table_crit', 'tol', 'TabularOp']
+__all__ = ['L', 'SOLVE_LIB', 'GRADE_LIB', 'solve_lib_for', 'crit', 'table_crit', 'tol', 'TabularOp']
 
 # %% ../nbs/14a_ops_tablib.ipynb #5660c319
 def _sh(cmd:str) -> dict: return {'tool': 'exec', 'args': {'command': cmd}}
@@ -87,6 +87,17 @@ def _jacc(got, exp):
     return len(got & exp) / len(got | exp) if (got | exp) else 0.0
 '''
 
+def solve_lib_for(body:str) -> str:
+    "`SOLVE_LIB` cut to the imports and the helpers `body` calls (directly or through another helper): shorter scripts for teachers and students."
+    head, *defs = re.split(r'(?m)^(?=def )', SOLVE_LIB)
+    blocks = {re.match(r'def (\w+)', d).group(1): d for d in defs}
+    need, todo = set(), [body]
+    while todo:
+        text = todo.pop()
+        for name, d in blocks.items():
+            if name not in need and re.search(rf'\b{name}\(', text): need.add(name); todo.append(d)
+    return head + ''.join(d for n, d in blocks.items() if n in need)
+
 def crit(name:str, body:str) -> Criterion:
     "A criterion whose body can use the `GRADE_LIB` helpers (`_csv`, `_md`, `_json`, `_num`, `_eq`, `_s`, `_jacc`)."
     return Criterion(name, GRADE_LIB + textwrap.dedent(body).strip('\n') + '\n')
@@ -108,7 +119,8 @@ class TabularOp(Operation):
 
     def reference(self, plan:dict) -> list:
         "Reference actions for `plan` (one exec of a heredoc Python script; writes only the outputs)."
-        src = SOLVE_LIB + f'P = {plan!r}\n' + textwrap.dedent(self.solver).strip('\n') + '\n'
+        body = textwrap.dedent(self.solver).strip('\n') + '\n'
+        src = solve_lib_for(body) + f'P = {plan!r}\n' + body
         assert '\nEOF\n' not in src
         return [_sh(f"python3 - <<'EOF'\n{src}EOF")]
 

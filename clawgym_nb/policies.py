@@ -255,9 +255,16 @@ def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_U
         if rest not in SCRIPTS and rest.startswith('teacher'): import clawgym_nb.teachers  # registers the scripted teachers
         if rest not in SCRIPTS: raise ClawError(f'unknown script {rest!r}; known: {", ".join(sorted(SCRIPTS))}', field='--policy')
         p = ScriptedPolicy(script=rest); p.reset(task); return p
-    if kind == 'openai':
+    if kind == 'openai':   # options after '#': openai:MODEL@URL#timeout=30,max_retries=0,temperature=0.7,max_tokens=1024
+        rest, _, opts = rest.partition('#')
         model, _, url = rest.partition('@')
         if not model: raise ClawError(f'expected openai:MODEL@BASE_URL, got {spec!r}', field='--policy')
+        types = {'timeout': float, 'max_retries': int, 'temperature': float, 'max_tokens': int}
+        for item in filter(None, opts.split(',')):
+            k, _, v = item.partition('=')
+            if k not in types: raise ClawError(f'unknown openai option {k!r}; use {", ".join(types)}', field='--policy')
+            try: kw[k] = types[k](v)
+            except ValueError: raise ClawError(f'bad value for openai option {k}: {v!r}', field='--policy') from None
         return OpenAIPolicy(model, base_url=url or None, **kw)
     if kind == 'hf':
         if not rest: raise ClawError(f'expected hf:PATH, got {spec!r}', field='--policy')

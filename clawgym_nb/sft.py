@@ -8,27 +8,27 @@ import csv, io, json, math, os, shutil, time
 from pathlib import Path
 from .core import ClawError, atomic_write_json, atomic_write_text, read_jsonl
 from .filtering import load_trajectories, write_sft_dataset
-from .student import STUDENT_TOOLS, student_messages
+from .student import student_messages
 
 # %% auto #0
-__all__ = ['sft_examples', 'loss_csv', 'make_sft_trainer', 'train_sft', 'loss_token_report']
+__all__ = ['sft_examples', 'loss_csv', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
+           'sft_throughput']
 
 # %% ../nbs/23_sft.ipynb #f1d5d183
 def sft_examples(data:str|Path|list,        # SFT JSONL from `write_sft_dataset`, or its records
                  tok=None,                  # Tokenizer to measure lengths (None: keep all)
                  max_length:int|None=None,  # Drop examples longer than this many tokens
                  ) -> tuple[list, dict]:
-    "Student-view chat examples `{messages, tools}` and counts (kept, dropped as too long, weights ignored)."
+    "Student-view chat examples `{messages}` and counts (kept, dropped as too long, weights ignored)."
     recs = read_jsonl(data) if isinstance(data, (str, Path)) else list(data)
     for i, r in enumerate(recs):
         if not isinstance(r, dict) or not isinstance(r.get('messages'), list):
             raise ClawError('not an SFT example (needs messages)', file=str(data) if isinstance(data, (str, Path)) else None, field=f'record {i + 1}')
-    tools = json.dumps(STUDENT_TOOLS)
     out, too_long, lengths = [], 0, []
     for r in recs:
-        ex = {'messages': student_messages(r['messages']), 'tools': tools}
+        ex = {'messages': student_messages(r['messages'])}
         if tok is not None and max_length:
-            n = len(tok.apply_chat_template(ex['messages'], tools=STUDENT_TOOLS, tokenize=True, return_dict=True)['input_ids'])
+            n = len(tok.apply_chat_template(ex['messages'], tokenize=True, return_dict=True)['input_ids'])
             lengths.append(n)
             if n > max_length: too_long += 1; continue
         out.append(ex)
@@ -52,11 +52,34 @@ def _newest_checkpoint(folder:Path) -> str|None:
     cks = sorted(folder.glob('checkpoint-*'), key=lambda p: int(p.name.split('-')[-1]) if p.name.split('-')[-1].isdigit() else -1)
     return str(cks[-1]) if cks else None
 
-# %% ../nbs/23_sft.ipynb #8038e4ca
+# %% ../nbs/23_sft.ipynb #49be9d68
+def assistant_token_loss(model, batch:dict, num_items_in_batch=None):
+    "Mean cross-entropy over labelled (assistant) tokens, projecting only those positions through the LM head."
+    import torch.nn.functional as F
+    net = model.get_base_model() if hasattr(model, 'get_base_model') else model      # LoRA layers live inside it
+    backbone = getattr(net, net.base_model_prefix)
+    hidden = backbone(input_ids=batch['input_ids'], attention_mask=batch.get('attention_mask'), use_cache=False).last_hidden_state
+    labels = batch['labels'][:, 1:]; keep = labels != -100
+    logits = net.get_output_embeddings()(hidden[:, :-1][keep]).float()
+    total = F.cross_entropy(logits, labels[keep], reduction='sum')
+    n = num_items_in_batch if num_items_in_batch is not None else keep.sum()
+    return total / n
+
+def _plain_loss_trainer():
+    from trl import SFTTrainer
+    class PlainLossSFTTrainer(SFTTrainer):
+        "trl's SFTTrainer with `assistant_token_loss` (same labels; the LM head only on labelled positions, untiled)."
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            with self.accelerator.autocast():   # accelerate autocasts the model's forward; we call its backbone directly
+                loss = assistant_token_loss(model, inputs, num_items_in_batch)
+            return (loss, None) if return_outputs else loss
+    return PlainLossSFTTrainer
+
+# %% ../nbs/23_sft.ipynb #b0114273
 def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int|None=16, lora_alpha:int|None=None,
                      lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1, max_length:int=1536,
                      seed:int=0, bf16:bool=True, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
-                     device:str='cpu', scheduler:str='linear', warmup_steps:int=0):
+                     device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None):
     "A configured trl `SFTTrainer` (assistant-only loss) for `examples` on `model_spec`; see `train_sft`."
     import torch
     from datasets import Dataset
@@ -70,11 +93,17 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
                     num_train_epochs=epochs, max_steps=max_steps, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
                     logging_steps=1, save_steps=save_steps, save_total_limit=2, report_to='none', seed=seed, data_seed=seed,
                     bf16=bf16, use_cpu=device == 'cpu', dataloader_num_workers=0, packing=False, disable_tqdm=True,
-                    gradient_checkpointing=False, include_num_input_tokens_seen='non_padding')
-    return SFTTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(examples), processing_class=tok,
+                    gradient_checkpointing=False, include_num_input_tokens_seen='non_padding',
+                    train_sampling_strategy='group_by_length')
+    if not examples: raise ClawError('no training examples', field='data')
+    cls = SFTTrainer if (fused_lm_head if fused_lm_head is not None else device != 'cpu') else _plain_loss_trainer()
+    trainer = cls(model=model, args=cfg, train_dataset=Dataset.from_list(examples), processing_class=tok,
                       peft_config=_lora_config(lora_r, lora_alpha) if lora_r else None)
+    from transformers.trainer_callback import PrinterCallback
+    trainer.remove_callback(PrinterCallback)        # the loss goes to loss.csv, not one dict per step on stdout
+    return trainer
 
-# %% ../nbs/23_sft.ipynb #52ff1452
+# %% ../nbs/23_sft.ipynb #fd512682
 def train_sft(model:str,                     # Base: rung name or model folder
               data:str|Path|list,            # SFT JSONL from `write_sft_dataset` (or its records)
               out_dir:str|Path,              # checkpoints/, loss.csv, sft.json, model/
@@ -123,7 +152,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
     log(f"sft: {rec['kept']} examples, {rec['steps']} steps, loss {rec['first_loss']:.3f} -> {rec['last_loss']:.3f}, {wall:.0f} s -> {out/'model'}")
     return rec
 
-# %% ../nbs/23_sft.ipynb #c7f0bea5
+# %% ../nbs/23_sft.ipynb #cfca49b7
 def loss_token_report(trainer, n_batches:int=1) -> dict:
     "Counts of trained vs masked tokens on real batches, and trained tokens found inside tool results or user turns."
     tok = trainer.processing_class
@@ -142,3 +171,39 @@ def loss_token_report(trainer, n_batches:int=1) -> dict:
                     counts['trained'] += 1
                     if role is not None and not role.startswith('assistant'): counts['trained_in_tool_or_user'] += 1
     return counts
+
+# %% ../nbs/23_sft.ipynb #9244614c
+def sft_throughput(model_spec:str, examples:list, steps:int=6, batch_size:int=4, max_length:int=1536, lora_r:int|None=16,
+                   lr:float=2e-4, bf16:bool=True, device:str='cpu', work_dir:str|Path|None=None) -> dict:
+    "Tokens per second of trl's SFTTrainer vs a plain PyTorch loop on the same model, batches and LoRA config."
+    import tempfile, torch
+    from transformers import TrainerCallback
+    from clawgym_nb.models import load_model
+    work = Path(work_dir or tempfile.mkdtemp())
+    trainer = make_sft_trainer(model_spec, examples, work/'trl', lora_r=lora_r, lr=lr, batch_size=batch_size, max_length=max_length,
+                               bf16=bf16, save_steps=10**9, max_steps=steps, device=device)
+    batches = [b for _, b in zip(range(steps), trainer.get_train_dataloader())]
+    ntok = [int(b['attention_mask'].sum()) for b in batches]
+    marks = []
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw): marks.append(time.perf_counter())
+    trainer.add_callback(Clock()); t_start = time.perf_counter(); trainer.train()
+    trl_s = marks[-1] - marks[0]
+    _, model = load_model(model_spec, device=device)
+    if lora_r:
+        from peft import get_peft_model
+        model = get_peft_model(model, _lora_config(lora_r, None))
+    model.train(); opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    stamps = []
+    for b in batches:
+        b = {k: v.to(model.device) for k, v in b.items() if k in ('input_ids', 'attention_mask', 'labels')}
+        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = assistant_token_loss(model, b)
+        loss.backward(); opt.step(); opt.zero_grad(); stamps.append(time.perf_counter())
+    plain_s = stamps[-1] - stamps[0]
+    # the trainer's dataloader order is the same both times (same seed): steps 2..n are compared
+    counted = sum(ntok[1:])
+    res = {'steps_timed': steps - 1, 'tokens_timed': counted, 'trl_tokens_per_s': round(counted / trl_s, 1),
+           'plain_tokens_per_s': round(counted / plain_s, 1)}
+    res['ratio'] = round(res['trl_tokens_per_s'] / res['plain_tokens_per_s'], 3)
+    return res

@@ -24,7 +24,7 @@ TEACHER = [{'role': 'system', 'content': 'You are a big teacher model with a lon
 
 @pytest.fixture(scope='module')
 def gen():
-    return shared_generator('tiny', 'cpu')   # the key `student:tiny` uses (see the xfail test at the end)
+    return shared_generator('tiny', 'cpu')
 
 
 @pytest.fixture(scope='module')
@@ -172,15 +172,12 @@ def test_student_policy_specs(gen):
     assert e.value.field == 'model'
 
 
-@pytest.mark.xfail(raises=ValueError, reason='bug in nbs/22_student.ipynb student_policy: a bad option value raises ValueError, not a one-line ClawError')
 def test_student_policy_bad_value_is_a_claw_error():
     for spec in ('tiny#temperature=hot', 'tiny#max_new_tokens=', 'tiny#max_context'):
         with pytest.raises(ClawError) as e: student_policy(spec)
         assert e.value.field == '--policy'
 
 
-@pytest.mark.xfail(raises=AssertionError, reason="bug in nbs/22_student.ipynb shared_generator: lru_cache keys ('tiny',) and ('tiny', 'cpu') differ, "
-                          "so shared_generator('tiny') and student:tiny load two copies of the model")
 def test_shared_generator_is_one_per_spec_and_device(gen):
     assert shared_generator('tiny') is gen
 
@@ -247,12 +244,10 @@ def chat_server():
 
 
 def test_evaluate_records_policy_error_and_retries_only_that_task(chat_server, tmp_path, monkeypatch):
-    # evaluate() takes a spec string and make_policy() has no spec syntax for timeout/max_retries: inject them (see report)
-    monkeypatch.setattr(policies, 'OpenAIPolicy', functools.partial(OpenAIPolicy, timeout=TIMEOUT_S, max_retries=0))
     synthesize('mixed', 3, seed=0, out_dir=tmp_path/'tasks', n_ops=(1, 1), progress=False, log=lambda *a: None)
     tasks = load_tasks(tmp_path/'tasks'); dead = tasks[1]
     chat_server.hang_on = dead.prompt
-    spec = f'openai:m@http://127.0.0.1:{chat_server.server_address[1]}/v1'
+    spec = f'openai:m@http://127.0.0.1:{chat_server.server_address[1]}/v1#timeout={TIMEOUT_S},max_retries=0'
     t0 = time.monotonic()
     s = evaluate(tmp_path/'tasks', spec, tmp_path/'eval', workers=3, max_turns=3, progress=False, log=lambda *a: None)
     assert time.monotonic() - t0 < TIMEOUT_S + 15
