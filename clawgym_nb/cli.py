@@ -104,6 +104,9 @@ def _train_parsers(sub):
     gr.add_argument('--seed', type=int, default=0); gr.add_argument('--workers', type=int, default=None)
     gr.add_argument('--sandbox', default='auto', choices=['auto', 'local', 'bwrap', 'docker'])
     gr.add_argument('--device', default='cpu'); gr.add_argument('--no-bf16', action='store_true')
+    gc = sub.add_parser('gpu-check', help='SFT + a few GRPO steps on one GPU: tokens per second and peak memory')
+    gc.add_argument('--model', default='small'); gc.add_argument('--sft-steps', type=int, default=20)
+    gc.add_argument('--grpo-steps', type=int, default=3); gc.add_argument('--out', type=Path, default=None)
 
 # %% ../nbs/11_cli.ipynb #e528ff3a
 def parse_weights(s:str|None) -> dict|None:
@@ -215,6 +218,9 @@ def _cmd(a) -> int:
         from clawgym_nb.docker_sandbox import build_base_image
         print(build_base_image(**({'tag': a.tag} if a.tag else {})))
     elif a.cmd in ('sft', 'grpo'): return _train_cmd(a)
+    elif a.cmd == 'gpu-check':
+        from clawgym_nb.gpu_check import gpu_check
+        print(json.dumps(gpu_check(a.model, sft_steps=a.sft_steps, grpo_steps=a.grpo_steps, out_dir=a.out, log=lambda *x: print(*x, file=sys.stderr))))
     return 0
 
 def main(argv:list|None=None) -> int:

@@ -114,7 +114,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     else: net = base
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     if (out/'adapter'/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(out/'adapter'/'optimizer.pt'))
-    gen = Generator(tok, net, max_batch=prompts_per_step * group_size, autocast=bf16)
+    gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu')   # CPU decoding is faster in float32
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed)

@@ -82,11 +82,13 @@ class FirstTurnToolCall:
         self.forced = g.tok(self.TEXT, add_special_tokens=False)['input_ids']
         assert self.forced[-1] in g.eos_ids
 
-    def generate(self, ids, max_new_tokens=256, temperature=0.0):
+    def generate(self, ids, max_new_tokens=256, temperature=0.0, owner=None):
         self.turn += 1
         if self.turn == 1:
             assert max_new_tokens >= len(self.forced); return list(self.forced)
-        return self.g.generate(ids, max_new_tokens, temperature)
+        return self.g.generate(ids, max_new_tokens, temperature, owner=owner)
+
+    def release(self, owner): self.g.release(owner)
 
 
 def _spans(mask):
@@ -265,3 +267,33 @@ def test_evaluate_records_policy_error_and_retries_only_that_task(chat_server, t
     lines = read_jsonl(tmp_path/'eval'/'scores.jsonl')
     assert len(lines) == 4 and lines[-1]['task_id'] == dead.task_id and lines[-1]['error_class'] is None
     assert s['errors'] == {} and s['n_tasks'] == 3 and s['n_scored'] == 3
+
+
+# ---- KV caches kept between turns: same tokens as re-reading the whole prompt, much less prefill --------------------
+def _three_episodes(g, owners, turns=3):
+    tok = g.tok
+    starts = [tok(f'<|im_start|>user\nlist the files {w}<|im_end|>\n<|im_start|>assistant\n', add_special_tokens=False)['input_ids']
+              for w in ('in input', 'in output please', 'x')]
+    outs = [[] for _ in starts]
+    def run(i):
+        ids = starts[i]
+        for t in range(turns):
+            new = g.generate(ids, 8, 0.0, owner=owners[i]); outs[i].append(new)
+            ids = ids + new + tok('\n<|im_start|>user\n<tool_response>\n' + 'ok ' * (i + t + 1) + '\n</tool_response><|im_end|>\n<|im_start|>assistant\n',
+                                  add_special_tokens=False)['input_ids']
+    th = [threading.Thread(target=run, args=(i,)) for i in range(len(starts))]
+    [x.start() for x in th]; [x.join() for x in th]
+    return outs
+
+
+def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen):
+    from clawgym_nb.student import Generator
+    class Owner: pass
+    cold, warm = Generator(gen.tok, gen.model, reuse_cache=False), Generator(gen.tok, gen.model, reuse_cache=True)
+    owners = [Owner() for _ in range(3)]
+    assert _three_episodes(cold, [Owner() for _ in range(3)]) == _three_episodes(warm, owners)
+    assert warm.tokens_prefilled < cold.tokens_prefilled / 2
+    assert len(warm._kv) == 3
+    warm.release(owners[0]); assert len(warm._kv) == 2
+    del owners; import gc; gc.collect()
+    assert len(warm._kv) == 0          # caches go with their episodes' policies
