@@ -133,9 +133,9 @@ def as_tasks(tasks, log=print) -> tuple[list, list]:
     return list(tasks), errors
 
 # %% ../nbs/09_evaluate.ipynb #86bdc4dd
-def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights):
+def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights, max_wall_s=None):
     "Run and grade one episode (module level: what a worker, thread or Ray task, runs)."
-    return run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights)
+    return run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights, max_wall_s=max_wall_s)
 
 # %% ../nbs/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
@@ -145,6 +145,7 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
              workers:int=1,                # Episodes in parallel
              judge=None,                   # A `grading.RubricJudge` (None: rubric skipped, reason recorded)
              max_turns:int=30,             # Turn cap per episode
+             max_wall_s:float|None=None,   # Wall-clock cap per episode (default: each task's timeout_s)
              weights:dict|None=None,       # Hybrid weights override
              retry_errors:bool=False,      # On resume, also re-run tasks that ended with an error class
              progress:bool=True,           # Show a progress bar
@@ -166,7 +167,7 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
         return ep.record
 
     t0 = time.time()
-    run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights) for t in todo], workers,
+    run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights, max_wall_s) for t in todo], workers,
                  desc=f'eval {policy}', progress=progress, executor=executor, on_result=write)
     records = read_jsonl(scores_path)
     if retry_errors:  # the latest line per task wins

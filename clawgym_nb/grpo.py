@@ -62,10 +62,10 @@ def grpo_loss(model, seqs:list,              # [(ids, mask, advantage)]: mask 1 
     stats['entropy'] /= max(1, stats['tokens'])
     return stats
 
-# %% ../nbs/24_grpo.ipynb #e156032f
-def _bench(gen, tasks, provider, max_turns, max_new_tokens, max_context, workers) -> dict:
+# %% ../nbs/24_grpo.ipynb #601e007a
+def _bench(gen, tasks, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s=None) -> dict:
     pols = [StudentPolicy(gen, 0.0, max_new_tokens, max_context) for _ in tasks]
-    eps = run_parallel(lambda t, p: run_episode(t, p, provider=provider, max_turns=max_turns), list(zip(tasks, pols)), workers, progress=False)
+    eps = run_parallel(lambda t, p: run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s), list(zip(tasks, pols)), workers, progress=False)
     rs = [outcome_reward(e.record) for e in eps]
     ok = [r for r in rs if r is not None]
     return {'bench_mean': round(mean(ok), 4) if ok else None, 'bench_solved': sum(1 for r in ok if r >= 1.0), 'bench_n': len(ok),
@@ -90,7 +90,9 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                lr:float=1e-5, clip_low:float=0.2, clip_high:float=0.28, kl_coef:float=0.0,
                temperature:float=0.7, max_turns:int=6, max_new_tokens:int=256, max_context:int=2048,
                lora_r:int|None=16, eval_every:int=10, provider:str='auto', seed:int=0, device:str='cpu',
-               bf16:bool=True, micro_batch:int=2, workers:int|None=None, log=print) -> dict:
+               bf16:bool=True, micro_batch:int=2, workers:int|None=None,
+               max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
+               log=print) -> dict:
     "GRPO with the code verifier's outcome reward, one sandbox per rollout; resumable; logs per step."
     import torch
     from clawgym_nb.models import load_model, rung_label
@@ -119,7 +121,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed)
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
-        net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers)})
+        net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s)})
     if state['step']: log(f"grpo: resuming after step {state['step']}")
     order = list(range(len(tasks)))
     for step in range(state['step'] + 1, steps + 1):
@@ -127,7 +129,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         pick = random.Random(seed * 100003 + step).sample(order, min(prompts_per_step, len(order)))
         jobs = [(k, tasks[i], StudentPolicy(gen, temperature, max_new_tokens, max_context)) for k, i in enumerate(j for j in pick for _ in range(group_size))]
         net.eval()
-        eps = dict(run_parallel(lambda k, t, p: (k, run_episode(t, p, provider=provider, max_turns=max_turns)), jobs, workers, progress=False))
+        eps = dict(run_parallel(lambda k, t, p: (k, run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s)), jobs, workers, progress=False))
         t_roll = time.monotonic() - t0; gen_s = gen.busy_s - busy0
         seqs, rewards, infra, zero_var = [], [], 0, 0
         for g0 in range(0, len(jobs), group_size):
@@ -151,7 +153,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                'gen_tokens_per_s': round((gen.tokens_out - tok0) / gen_s, 1) if gen_s else None,
                'train_tokens_per_s': round(sum(len(s[0]) for s in seqs) / t_train, 1) if seqs and t_train else None}
         if bench and (step % eval_every == 0 or step == steps):
-            net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers); rec.update(b)
+            net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s); rec.update(b)
         _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging
         if 'bench_mean' in rec: append_jsonl(out/'bench.jsonl', {'step': step, **{k: rec[k] for k in ('bench_mean', 'bench_solved', 'bench_n', 'bench_infra_failed')}})
         append_jsonl(out/'steps.jsonl', rec)
