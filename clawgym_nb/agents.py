@@ -14,7 +14,7 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['task_pools', 'teacher_data']
+__all__ = ['task_pools', 'teacher_data', 'episode_behaviour']
 
 # %% ../nbs/25_agents.ipynb #37688910
 def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (benchmark candidates), bench/
@@ -57,3 +57,29 @@ def teacher_data(train_dir:str|Path,        # Training task store
     log(f"teacher {teacher}: {len(recs)} trajectories, mean reward {summ['mean_reward']}, kept {kept['n']} above {threshold}")
     return {'teacher': teacher, 'trajectories': len(recs), 'teacher_mean_reward': summ['mean_reward'], 'kept': kept['n'],
             'threshold': threshold, 'sft_path': kept['path'], 'sweep': sweep, 'tags': summ.get('tags')}
+
+# %% ../nbs/25_agents.ipynb #e0b16424
+import re
+from collections import Counter
+from .core import read_jsonl
+
+def episode_behaviour(eval_dir:str|Path, tasks:list) -> dict:
+    "Per-episode behaviour counts from an `evaluate` folder (scores.jsonl + transcripts/)."
+    eval_dir = Path(eval_dir); prompts = {t.task_id: t.prompt for t in tasks}
+    recs = read_jsonl(eval_dir/'scores.jsonl'); n = len(recs)
+    c = Counter()
+    for r in recs:
+        p = eval_dir/'transcripts'/f"{r['task_id']}.messages.json"
+        msgs = json.loads(p.read_text()) if p.is_file() else []
+        calls = [tc for m in msgs if m.get('role') == 'assistant' for tc in m.get('tool_calls') or []]
+        named = set(re.findall(r'(?:input|output)/[\w./-]+', prompts.get(r['task_id'], '')))
+        args = ' '.join(tc['function'].get('arguments') or '' for tc in calls)
+        last = next((m for m in reversed(msgs) if m.get('role') == 'assistant'), {})
+        c['with_tool_call'] += bool(calls)
+        c['read_a_named_input'] += any(x.startswith('input/') and x.rstrip('.') in args for x in named)
+        c['last_reply_has_unparsed_call'] += '<tool_call>' in (last.get('content') or '')
+        c['wrote_under_output'] += any(tc['function']['name'] in ('write', 'edit', 'exec') and 'output/' in (tc['function'].get('arguments') or '') for tc in calls)
+        c['score_above_0'] += (r.get('final_score') or 0) > 0
+    out = {k: round(v / n, 3) if n else None for k, v in sorted(c.items())}
+    return {'n': n, **out, 'mean_turns': round(sum(r.get('turns') or 0 for r in recs) / n, 2) if n else None,
+            'stop_reasons': dict(Counter(r.get('stop_reason') for r in recs))}
