@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['WORKSPACE_MOUNT', 'ClawError', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'append_jsonl',
-           'read_jsonl', 'write_jsonl', 'project_root', 'shared_dir', 'git_commit', 'package_versions', 'machine_info']
+__all__ = ['WORKSPACE_MOUNT', 'ClawError', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'replace_dir',
+           'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'shared_dir', 'git_commit', 'package_versions',
+           'machine_info']
 
 # %% ../nbs/00_core.ipynb #088051f1
 class ClawError(Exception):
@@ -48,6 +49,16 @@ def atomic_write_text(path:str|Path, text:str) -> Path:
 def atomic_write_json(path:str|Path, obj:Any, indent:int|None=2) -> Path:
     "Write `obj` as JSON to `path` atomically."
     return atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, default=str) + '\n')
+
+def replace_dir(new:str|Path, final:str|Path) -> Path:
+    "Put the finished folder `new` at `final` by renames: `final` is always either the old folder or the new one."
+    import shutil
+    new, final = Path(new), Path(final)
+    old = final.with_name(f'.{final.name}.old-{os.getpid()}-{time.time_ns()}')
+    if final.exists(): final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
 
 # %% ../nbs/00_core.ipynb #5ac7989d
 def append_jsonl(path:str|Path, record:dict) -> None:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, tempfile, time
 from pathlib import Path
-from .core import ClawError, atomic_write_json
+from .core import ClawError, atomic_write_json, read_jsonl
 
 # %% auto #0
 __all__ = ['gpu_check']
@@ -39,7 +39,7 @@ def gpu_check(model:str='small',          # Rung or model folder
     torch.cuda.reset_peak_memory_stats(); t0 = time.time()
     g = grpo_train(str(out/'sft'/'model'), out/'tasks', out/'grpo', steps=grpo_steps, prompts_per_step=prompts_per_step,
                    group_size=group_size, device='cuda', provider=provider, max_new_tokens=512, log=q)
-    rows = [json.loads(l) for l in (out/'grpo'/'steps.jsonl').read_text().splitlines()]
+    rows = read_jsonl(out/'grpo'/'steps.jsonl')
     res['grpo'] = {'steps': len(rows), 'wall_s': round(time.time() - t0, 1), 'mean_step_s': g['mean_step_s'],
                    'gen_tokens_per_s': [r['gen_tokens_per_s'] for r in rows], 'train_tokens_per_s': [r['train_tokens_per_s'] for r in rows],
                    'sandbox_wait_share': [r['sandbox_wait_share'] for r in rows], 'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2)}

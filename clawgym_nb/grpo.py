@@ -7,10 +7,11 @@ from __future__ import annotations
 import json, math, random, shutil, time
 from pathlib import Path
 from statistics import mean, pstdev
-from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, write_jsonl
 from .evaluate import as_tasks, run_parallel
 from .agent import run_episode
 from .student import Generator, StudentPolicy
+from .sft import save_model
 
 # %% auto #0
 __all__ = ['group_advantages', 'outcome_reward', 'grpo_loss', 'grpo_train']
@@ -77,9 +78,7 @@ def _save_adapter(model, tok, opt, out:Path, state:dict):
     tmp = out/'.adapter.tmp'; shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp); tok.save_pretrained(tmp); torch.save(opt.state_dict(), tmp/'optimizer.pt')
     atomic_write_json(tmp/'state.json', state)
-    old = out/'.adapter.old'; shutil.rmtree(old, ignore_errors=True)
-    if (out/'adapter').exists(): (out/'adapter').rename(old)
-    tmp.rename(out/'adapter'); shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out/'adapter')
 
 # %% ../nbs/24_grpo.ipynb #e0fa2228
 def grpo_train(model:str,                 # Starting point: an SFT model folder or a rung
@@ -159,11 +158,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         append_jsonl(out/'steps.jsonl', rec)
         log(f"grpo step {step}/{steps}: reward {rec['reward_mean']} (n={len(rewards)}, infra {infra}), trained {len(seqs)} seqs, "
             f"{t_step:.0f} s (sandbox wait {rec['sandbox_wait_share']:.1%})" + (f", bench {rec['bench_mean']}" if 'bench_mean' in rec else ''))
-    merged = net.merge_and_unload() if lora_r else net
-    tmp = out/'.model.tmp'; shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp); tok.save_pretrained(tmp)
-    atomic_write_json(tmp/'rung.json', {'label': f'{rung_label(model)} + GRPO', 'base': model, 'stage': 'grpo', 'steps': steps})
-    shutil.rmtree(out/'model', ignore_errors=True); tmp.rename(out/'model')
+    save_model(net, tok, out/'model', model, label=f'{rung_label(model)} + GRPO', stage='grpo', steps=steps)
     rows = read_jsonl(out/'steps.jsonl')
     summary = {**run, 'model': model, 'label': rung_label(model), 'steps_done': len(rows), 'bench': read_jsonl(out/'bench.jsonl'),
                'mean_sandbox_wait_share': round(mean(r['sandbox_wait_share'] for r in rows), 4) if rows else None,

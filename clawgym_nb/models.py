@@ -9,7 +9,7 @@ from pathlib import Path
 from .core import ClawError, atomic_write_json
 
 # %% auto #0
-__all__ = ['RUNGS', 'cache_root', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model']
+__all__ = ['RUNGS', 'cache_root', 'base_rung', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model']
 
 # %% ../nbs/21_models.ipynb #48e2f14b
 RUNGS = {
@@ -22,6 +22,12 @@ RUNGS = {
 def cache_root() -> Path:
     "Where built and dequantised models are cached (`$CLAWGYM_CACHE`, default `~/.cache/clawgym-nb`)."
     return Path(os.environ.get('CLAWGYM_CACHE') or '~/.cache/clawgym-nb').expanduser()
+
+def base_rung(spec:str) -> str:
+    "The rung a spec is, or the rung a saved model folder records it was trained from ('unknown' otherwise)."
+    if spec in RUNGS: return spec
+    info = Path(spec)/'rung.json'
+    return json.loads(info.read_text()).get('rung', 'unknown') if info.is_file() else 'unknown'
 
 def rung_label(spec:str) -> str:
     "A label for figures and tables: the rung's description, or the checkpoint's recorded base rung."

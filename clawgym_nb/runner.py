@@ -8,7 +8,7 @@ import ast, hashlib, json, os, shutil, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 import yaml
-from .core import ClawError, atomic_write_json, git_commit, package_versions, machine_info, project_root
+from .core import ClawError, atomic_write_json, git_commit, package_versions, machine_info, project_root, replace_dir
 
 # %% auto #0
 __all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
@@ -163,7 +163,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     run.update(status='complete', ended=_now(), wall_s=round(time.time() - t0, 1), artifacts=notebook_artifacts(nb),
                files={'n': len(files) + 1, 'bytes': sum(p.stat().st_size for p in files)})
     atomic_write_json(work/'run.json', run)
-    _swap_into_place(work, final)
+    replace_dir(work, final)
     log(f'{name}/{variant}: complete in {run["wall_s"]} s')
     return run
 
@@ -174,12 +174,7 @@ def _keep_failed(lay, name, variant, work:Path) -> Path:
     if work.exists(): work.rename(failed)
     return failed
 
-def _swap_into_place(work:Path, final:Path):
-    "Replace `final` with `work` using renames, so `final` is always either the old run or the new one."
-    old = final.with_name(f'.{final.name}.old-{os.getpid()}')
-    if final.exists(): final.rename(old)
-    work.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+
 
 # %% ../nbs/10_runner.ipynb #a09a4e88
 def run_all(scale:str='default',        # smoke | default | paper

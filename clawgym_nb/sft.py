@@ -6,12 +6,12 @@
 from __future__ import annotations
 import csv, io, json, math, os, shutil, time
 from pathlib import Path
-from .core import ClawError, atomic_write_json, atomic_write_text, read_jsonl
+from .core import ClawError, atomic_write_json, atomic_write_text, read_jsonl, replace_dir
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 
 # %% auto #0
-__all__ = ['sft_examples', 'loss_csv', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
+__all__ = ['sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
            'sft_throughput']
 
 # %% ../nbs/23_sft.ipynb #f1d5d183
@@ -47,6 +47,14 @@ def loss_csv(log_history:list) -> str:
     for h in log_history:
         if 'loss' in h: w.writerow([h.get('step'), h.get('epoch'), h['loss'], h.get('learning_rate'), h.get('grad_norm')])
     return buf.getvalue()
+
+def save_model(net, tok, folder:str|Path, base:str, **info) -> Path:
+    "Save `net` (LoRA merged first) with its tokenizer and a `rung.json` naming its base rung; swapped into `folder` atomically."
+    from clawgym_nb.models import base_rung
+    folder = Path(folder); tmp = folder.with_name(f'.{folder.name}.tmp'); shutil.rmtree(tmp, ignore_errors=True)
+    (net.merge_and_unload() if hasattr(net, 'merge_and_unload') else net).save_pretrained(tmp); tok.save_pretrained(tmp)
+    atomic_write_json(tmp/'rung.json', {'rung': base_rung(base), 'base': base, **info})
+    return replace_dir(tmp, folder)
 
 def _newest_checkpoint(folder:Path) -> str|None:
     cks = sorted(folder.glob('checkpoint-*'), key=lambda p: int(p.name.split('-')[-1]) if p.name.split('-')[-1].isdigit() else -1)
@@ -135,12 +143,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
     res = trainer.train(resume_from_checkpoint=resume)
     wall = time.time() - t0
     atomic_write_text(out/'loss.csv', loss_csv(trainer.state.log_history))
-    merged = trainer.model.merge_and_unload() if lora_r else trainer.model
-    tmp = out/'.model.tmp'; shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp); tok.save_pretrained(tmp)
-    base_rung = model if model in ('tiny', 'small') or model.startswith('paper') else json.loads((Path(model)/'rung.json').read_text()).get('rung', 'unknown') if (Path(model)/'rung.json').is_file() else 'unknown'
-    atomic_write_json(tmp/'rung.json', {'rung': base_rung, 'label': f'{rung_label(model)} + SFT', 'base': model, 'stage': 'sft'})
-    shutil.rmtree(out/'model', ignore_errors=True); tmp.rename(out/'model')
+    save_model(trainer.model, tok, out/'model', model, label=f'{rung_label(model)} + SFT', stage='sft')
     losses = [h['loss'] for h in trainer.state.log_history if 'loss' in h]
     ntok = int(trainer.state.num_input_tokens_seen or 0)
     rec = {'model': model, 'label': rung_label(model), **counts, 'steps': trainer.state.global_step, 'epochs': epochs,
@@ -187,7 +190,7 @@ def sft_throughput(model_spec:str, examples:list, steps:int=6, batch_size:int=4,
     marks = []
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw): marks.append(time.perf_counter())
-    trainer.add_callback(Clock()); t_start = time.perf_counter(); trainer.train()
+    trainer.add_callback(Clock()); trainer.train()
     trl_s = marks[-1] - marks[0]
     _, model = load_model(model_spec, device=device)
     if lora_r:
