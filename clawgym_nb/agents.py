@@ -22,6 +22,7 @@ def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (ben
                n_bench:int,                # Benchmark size
                seed:int=0,                 # Training pool seed; the benchmark pool uses seed + 1000 (unseen tasks)
                n_ops:tuple|list=(1, 1),    # Atomic operations per task
+               operations:list|None=None,  # Draw only these atomic operations (None or empty: all)
                bench_pool_factor:float=2.0,  # Candidates per benchmark slot (difficulty filtering drops some)
                bench_policies:tuple|list=('scripted:teacher-strong', 'scripted:teacher-weak'),
                provider:str='auto', workers:int=2, log=print) -> dict:
@@ -29,15 +30,16 @@ def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (ben
     out = Path(out_dir)
     train, pool, bench = out/'tasks'/'train', out/'tasks'/'pool', out/'bench'
     q = lambda *a: None
-    synthesize('mixed', n_train, seed, train, n_ops=tuple(n_ops), provider=provider, workers=workers, progress=False, log=q)
-    synthesize('mixed', max(n_bench, int(n_bench * bench_pool_factor)), seed + 1000, pool, n_ops=tuple(n_ops), provider=provider,
+    ops = sorted(operations) if operations else None
+    synthesize('mixed', n_train, seed, train, n_ops=tuple(n_ops), operations=ops, provider=provider, workers=workers, progress=False, log=q)
+    synthesize('mixed', max(n_bench, int(n_bench * bench_pool_factor)), seed + 1000, pool, n_ops=tuple(n_ops), operations=ops, provider=provider,
                workers=workers, progress=False, log=q)
     man = build_benchmark(pool, list(bench_policies), n=n_bench, out_dir=bench, provider=provider, workers=workers,
                           train_dirs=[train], seed=seed, log=q)
     bench_tasks = load_tasks(bench/'tasks')
     if not bench_tasks: raise ClawError('the benchmark is empty (every candidate was dropped)', file=str(bench), field='n_bench')
     info = {'train_dir': str(train), 'bench_dir': str(bench/'tasks'), 'n_train': len(load_tasks(train)), 'n_bench': len(bench_tasks),
-            'bench_dropped': man.get('dropped'), 'bench_policies': list(bench_policies)}
+            'bench_dropped': man.get('dropped'), 'bench_policies': list(bench_policies), 'operations': ops or 'all'}
     log(f"pools: {info['n_train']} training tasks, {info['n_bench']} benchmark tasks (unseen seed, no content overlap)")
     return info
 

@@ -4,12 +4,12 @@
 
 # %% ../nbs/14a_ops_tablib.ipynb #e94b984d
 from __future__ import annotations
-import random, re, textwrap
+import ast, random, re, textwrap
 from .opspec import Context, Criterion, Operation
 from .mock_tables import Table, make_table
 
 # %% auto #0
-__all__ = ['L', 'SOLVE_LIB', 'GRADE_LIB', 'solve_lib_for', 'crit', 'table_crit', 'tol', 'TabularOp']
+__all__ = ['L', 'SOLVE_LIB', 'GRADE_LIB', 'solve_lib_for', 'crit', 'table_crit', 'tol', 'TabularOp', 'specialise']
 
 # %% ../nbs/14a_ops_tablib.ipynb #5660c319
 def _sh(cmd:str) -> dict: return {'tool': 'exec', 'args': {'command': cmd}}
@@ -118,9 +118,9 @@ class TabularOp(Operation):
     knobs:tuple = ()         # plan keys with a fine-grained condition (what `perturb` may change)
 
     def reference(self, plan:dict) -> list:
-        "Reference actions for `plan` (one exec of a heredoc Python script; writes only the outputs)."
-        body = textwrap.dedent(self.solver).strip('\n') + '\n'
-        src = solve_lib_for(body) + f'P = {plan!r}\n' + body
+        "Reference actions for `plan` (one exec of a heredoc Python script, the solver specialised to the plan; writes only the outputs)."
+        code, rest = specialise(textwrap.dedent(self.solver).strip('\n') + '\n', plan)
+        src = solve_lib_for(code) + (f'P = {rest!r}\n' if rest else '') + code
         assert '\nEOF\n' not in src
         return [_sh(f"python3 - <<'EOF'\n{src}EOF")]
 
@@ -129,3 +129,88 @@ class TabularOp(Operation):
         raise NotImplementedError
 
     def table(self, ctx:Context, **kw) -> Table: return make_table(ctx.scenario.domain, ctx.rng, **kw)
+
+# %% ../nbs/14a_ops_tablib.ipynb #8fb6ee95
+_READERS = {   # read_rows(<literal path>) specialised to the file's format
+    'json': "json.load(open({p}, encoding='utf-8'))",
+    'jsonl': "[json.loads(l) for l in open({p}, encoding='utf-8') if l.strip()]",
+    'tsv': "list(csv.DictReader(open({p}, encoding='utf-8', newline=''), delimiter='\\t'))",
+    'csv': "list(csv.DictReader(open({p}, encoding='utf-8', newline='')))",
+}
+
+def _const(node):
+    "(True, value) when `node` is built from literals only, else (False, None)."
+    if isinstance(node, ast.Constant): return True, node.value
+    if any(isinstance(n, (ast.Name, ast.Call, ast.Attribute, ast.Lambda, ast.comprehension)) for n in ast.walk(node)): return False, None
+    try: return True, eval(compile(ast.fix_missing_locations(ast.Expression(node)), '<spec>', 'eval'), {'__builtins__': {}})
+    except Exception: return False, None
+
+class _Specialiser(ast.NodeTransformer):
+    def __init__(self, plan, inline): self.plan, self.inline = plan, inline
+    def visit_Subscript(self, node):
+        self.generic_visit(node)
+        if isinstance(node.value, ast.Dict) and isinstance(node.slice, ast.Constant):   # {'sum': sum, ...}['sum'] -> sum
+            hit = [v for k, v in zip(node.value.keys, node.value.values) if isinstance(k, ast.Constant) and k.value == node.slice.value]
+            if hit: return hit[0]
+        if (isinstance(node.value, ast.Name) and node.value.id == 'P' and isinstance(node.slice, ast.Constant)
+                and node.slice.value in self.inline):
+            return ast.parse(repr(self.plan[node.slice.value]), mode='eval').body
+        return node
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        keep = []
+        for i, v in enumerate(node.values):
+            ok, val = _const(v)
+            keep.append(v) if not ok or i == len(node.values) - 1 or bool(val) == isinstance(node.op, ast.Or) else None
+            if ok and bool(val) == isinstance(node.op, ast.Or): break   # a literal that decides `or` / `and`: the rest never runs
+        return keep[0] if len(keep) == 1 else ast.BoolOp(node.op, keep)   # a literal that passes the value on is dropped
+    def visit_UnaryOp(self, node):
+        self.generic_visit(node)
+        ok, val = _const(node)
+        return ast.Constant(val) if ok and isinstance(val, bool) else node
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        ok, val = _const(node)
+        return ast.Constant(val) if ok else node
+    def visit_IfExp(self, node):
+        self.generic_visit(node)
+        ok, val = _const(node.test)
+        return (node.body if val else node.orelse) if ok else node
+    def visit_If(self, node):
+        self.generic_visit(node)
+        ok, val = _const(node.test)
+        if not ok: return node
+        return (node.body if val else node.orelse) or None
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        if (isinstance(node.func, ast.Name) and node.func.id == 'read_rows' and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            ext = node.args[0].value.rsplit('.', 1)[-1]
+            if ext in _READERS: return ast.parse(_READERS[ext].format(p=repr(node.args[0].value)), mode='eval').body
+        return node
+
+def _drop_dead_defs(tree):
+    "Remove top-level functions / lambdas that nothing else refers to any more."
+    while True:
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        dead = [s for s in tree.body if (isinstance(s, ast.FunctionDef) and s.name not in names) or
+                (isinstance(s, ast.Assign) and isinstance(s.value, ast.Lambda) and len(s.targets) == 1
+                 and isinstance(s.targets[0], ast.Name) and s.targets[0].id not in names)]
+        if not dead: return tree
+        tree.body = [s for s in tree.body if s not in dead]
+
+def specialise(body:str, plan:dict) -> tuple:
+    "Partially evaluate a solver `body` for `plan`: literals in place of scalar and once-used plan values, constant branches folded, dead helpers dropped. Returns (code, the plan keys still read through `P`)."
+    tree = ast.parse(body)
+    uses = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == 'P' and isinstance(n.slice, ast.Constant):
+            uses[n.slice.value] = uses.get(n.slice.value, 0) + 1
+    inline = {k for k, c in uses.items() if k in plan and (not isinstance(plan[k], (list, dict, tuple)) or c == 1)}
+    tree = _drop_dead_defs(ast.fix_missing_locations(_Specialiser(plan, inline).visit(tree)))
+    subs = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == 'P']
+    n_p = sum(isinstance(n, ast.Name) and n.id == 'P' for n in ast.walk(tree))
+    if n_p > len(subs) or not all(isinstance(n.slice, ast.Constant) for n in subs): return ast.unparse(tree) + '\n', dict(plan)  # `P` used whole
+    rest = {n.slice.value for n in subs}
+    return ast.unparse(tree) + '\n', {k: plan[k] for k in plan if k in rest}
+

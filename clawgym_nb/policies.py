@@ -151,14 +151,14 @@ class OpenAIPolicy:
 _TOOL_CALL_RE = re.compile(r'<tool_call>\s*(\{.*?\})\s*</tool_call>', re.S)
 
 def parse_tool_calls(text:str) -> tuple[str|None, list]:
-    "Split generated text into (content, tool_calls) using `<tool_call>{json}</tool_call>` blocks."
+    "Split generated text into (content, tool_calls) using `<tool_call>{json}</tool_call>` blocks; a block that does not parse stays in the content."
     calls = []
-    for m in _TOOL_CALL_RE.finditer(text):
+    def take(m):
         try: obj = json.loads(m.group(1))
-        except json.JSONDecodeError: continue
-        if isinstance(obj, dict) and isinstance(obj.get('name'), str):
-            calls.append(tool_call(obj['name'], obj.get('arguments') or {}))
-    content = _TOOL_CALL_RE.sub('', text).strip() or None
+        except json.JSONDecodeError: return m.group(0)
+        if not (isinstance(obj, dict) and isinstance(obj.get('name'), str)): return m.group(0)
+        calls.append(tool_call(obj['name'], obj.get('arguments') or {})); return ''
+    content = _TOOL_CALL_RE.sub(take, text).strip() or None   # a broken call stays visible in the transcript
     return content, calls
 
 def tools_system_prompt(tools:list) -> str:

@@ -12,7 +12,7 @@ from .student import student_messages
 
 # %% auto #0
 __all__ = ['sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
-           'sft_throughput']
+           'train_sft_isolated', 'sft_throughput']
 
 # %% ../nbs/23_sft.ipynb #f1d5d183
 def sft_examples(data:str|Path|list,        # SFT JSONL from `write_sft_dataset`, or its records
@@ -174,6 +174,20 @@ def loss_token_report(trainer, n_batches:int=1) -> dict:
                     counts['trained'] += 1
                     if role is not None and not role.startswith('assistant'): counts['trained_in_tool_or_user'] += 1
     return counts
+
+# %% ../nbs/23_sft.ipynb #3997636a
+def train_sft_isolated(model:str, data:str|Path, out_dir:str|Path, log=print, **kw) -> dict:
+    "`train_sft` in a fresh Python process (its memory is returned when it ends); `data` a file, other arguments as `train_sft`."
+    import subprocess, sys
+    args = json.dumps({'model': str(model), 'data': str(data), 'out_dir': str(out_dir), **kw})
+    code = 'import json, sys\nfrom clawgym_nb.sft import train_sft\ntrain_sft(**json.loads(sys.argv[1]))'
+    p = subprocess.run([sys.executable, '-c', code, args], capture_output=True, text=True)
+    for line in p.stdout.splitlines(): log(line)
+    if p.returncode:
+        last = (p.stderr.strip().splitlines() or ['no output'])[-1]
+        if last.startswith('clawgym_nb.core.ClawError: '): raise ClawError(last.split(': ', 1)[1])
+        raise ClawError(f'the SFT process exited with {p.returncode}: {last}', file=str(out_dir))
+    return json.loads((Path(out_dir)/'sft.json').read_text())
 
 # %% ../nbs/23_sft.ipynb #9244614c
 def sft_throughput(model_spec:str, examples:list, steps:int=6, batch_size:int=4, max_length:int=1536, lora_r:int|None=16,

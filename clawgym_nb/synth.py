@@ -56,12 +56,15 @@ def pick_ops(rng:random.Random, scenario, n_ops:tuple=(1, 2), allowed:list|None=
         out.append(cands.pop(j)); weights.pop(j)
     return out
 
-def persona_task(i:int, seed:int, personas, n_ops:tuple=(1, 2), prefix:str='persona') -> tuple:
-    "Task `i` of the persona route and its index record."
+def persona_task(i:int, seed:int, personas, n_ops:tuple=(1, 2), prefix:str='persona', operations:list|None=None) -> tuple:
+    "Task `i` of the persona route and its index record (`operations`: draw only these, else any)."
     rng = task_rng(seed, i, 'persona')
     persona = personas.sample(rng)
     scenario = sample_scenario(rng)
-    ops = pick_ops(rng, scenario, n_ops)
+    for _ in range(100 if operations else 0):   # an allow-list: redraw scenarios until one of its operations fits
+        if any(OPERATIONS[n].fits(scenario.domain) for n in operations): break
+        scenario = sample_scenario(rng)
+    ops = pick_ops(rng, scenario, n_ops, allowed=operations)
     if not ops: raise ClawError(f'no operation fits domain {scenario.domain!r}', field='operations')
     ctx = Context(rng, persona, scenario)
     results = [op.build(ctx) for op in ops]
@@ -90,12 +93,16 @@ def skill_files(skill, limit:int=4000) -> dict:
     return {f'skills/{skill.slug}/SKILL.md': head + body + '\n'}
 
 # %% ../nbs/16_synth.ipynb #f42ae7e2
-def skill_task(i:int, seed:int, personas, skills:list, n_aux:int=2, n_ops:tuple=(1, 2), prefix:str='skill') -> tuple:
-    "Task `i` of the skill route: 1 main + `n_aux` auxiliary usable skills ground the operations."
+def skill_task(i:int, seed:int, personas, skills:list, n_aux:int=2, n_ops:tuple=(1, 2), prefix:str='skill',
+               operations:list|None=None) -> tuple:
+    "Task `i` of the skill route: 1 main + `n_aux` auxiliary usable skills ground the operations (`operations`: only these)."
     from clawgym_nb.skills import sample_skill_combo, skill_operations
     rng = task_rng(seed, i, 'skill')
-    main, aux = sample_skill_combo(rng, skills, n_aux=n_aux)
-    allowed = skill_operations(main) or [n for s in aux for n in skill_operations(s)]
+    for _ in range(100 if operations else 1):   # an allow-list: redraw skill combos until one grounds an allowed operation
+        main, aux = sample_skill_combo(rng, skills, n_aux=n_aux)
+        allowed = skill_operations(main) or [n for s in aux for n in skill_operations(s)]
+        if operations: allowed = [n for n in allowed if n in operations]
+        if allowed: break
     if not allowed: raise ClawError(f'skill {main.key} grounds no operation', field='skills')
     domains = sorted({d for n in allowed for d in (OPERATIONS[n].domains or [s.domain for s in SCENARIOS])})
     scenario = rng.choice([s for s in SCENARIOS if s.domain in domains])
@@ -135,11 +142,11 @@ def _route_of(i:int, seed:int, route:str, mix:dict) -> str:
 
 def _build(args):
     "Build task `i` in a worker: (i, task, record, None) or (i, None, None, error)."
-    i, seed, route, mix, n_ops = args
+    i, seed, route, mix, n_ops, operations = args
     r = _route_of(i, seed, route, mix)
     try:
-        if r == 'persona': t, rec = persona_task(i, seed, _SRC['personas'], n_ops=n_ops)
-        else: t, rec = skill_task(i, seed, _SRC['personas'], _SRC['skills'], n_ops=n_ops)
+        if r == 'persona': t, rec = persona_task(i, seed, _SRC['personas'], n_ops=n_ops, operations=operations)
+        else: t, rec = skill_task(i, seed, _SRC['personas'], _SRC['skills'], n_ops=n_ops, operations=operations)
         return i, t, rec, None
     except Exception as e:
         return i, None, {'task_id': f'{r}_{seed}_{i:06d}', 'route': r}, f'{type(e).__name__}: {" ".join(str(e).split())[:200]}'
@@ -156,6 +163,7 @@ def synthesize(route:str,                  # persona | skill | mixed
                skills:str|None=None,       # SKILL.md catalog folder (default: the project's own catalog)
                mix:dict|None=None,         # Mixed route ratio, e.g. {'persona': 0.5}
                n_ops:tuple=(1, 2),         # Atomic operations per task (min, max)
+               operations:list|None=None,  # Draw only these atomic operations (None: all registered ones)
                validate:bool=True,         # Validate by running every task; rejected tasks are not kept
                provider:str='auto',        # Sandbox provider for validation
                workers:int=2,              # Processes for generation and sandboxes for validation
@@ -174,6 +182,10 @@ def synthesize(route:str,                  # persona | skill | mixed
         return llm_synthesize(n, seed, out_dir, client, personas=personas, n_ops=n_ops, provider=provider, validate=validate,
                               progress=progress, log=log)
     mix = dict(mix or {'persona': 0.5}); out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    if operations is not None:
+        unknown = sorted(set(operations) - set(OPERATIONS))
+        if unknown or not operations: raise ClawError(f'unknown operation(s) {unknown} (known: {", ".join(sorted(OPERATIONS))})' if unknown else 'empty operation list', field='operations')
+        operations = sorted(operations)
     skills_spec = (skills or 'builtin') if route in ('skill', 'mixed') else None
     persona_errors = []
     persona_source(personas, seed=seed, errors=persona_errors)          # bad lines: one line each, the run goes on
@@ -194,7 +206,7 @@ def synthesize(route:str,                  # persona | skill | mixed
     with ProcessPoolExecutor(max(1, workers), initializer=_init_worker, initargs=(personas, seed, skills_spec)) as pool:
         def submit(idx):   # generation of the next chunk runs while this one is validated
             parts = [idx[k::2 * workers] for k in range(2 * workers)]
-            return [pool.submit(_build_many, [(i, seed, route, mix, n_ops) for i in p]) for p in parts if p]
+            return [pool.submit(_build_many, [(i, seed, route, mix, n_ops, operations) for i in p]) for p in parts if p]
         futs = submit(chunks[0]) if chunks else []
         for k, idx in enumerate(chunks):
             built = sorted((b for f in futs for b in f.result()), key=lambda b: b[0])
@@ -221,7 +233,7 @@ def synthesize(route:str,                  # persona | skill | mixed
     from collections import Counter
     wall = time.time() - t0
     summary = {'route': route, 'n': n, 'seed': seed, 'backend': backend, 'personas': str(personas), 'skills': skills_spec,
-               'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'validated': validate, 'provider': provider,
+               'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'operations': operations, 'validated': validate, 'provider': provider,
                'dedup_threshold': dedup_threshold if validate else None,
                'kept': len(kept), 'rejected': len(rejected), 'this_call': {**counts, 'near_duplicates_dropped': dropped,
                'wall_s': round(wall, 1), 'tasks_per_s': round(len(todo) / wall, 1) if wall > 0 and todo else None},

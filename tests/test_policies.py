@@ -30,6 +30,6 @@ def test_openai_policy_through_a_real_endpoint():
 
 
 def test_tool_call_parsing_rejects_garbage():
-    assert parse_tool_calls('<tool_call>{"name": 3}</tool_call>') == (None, [])
+    assert parse_tool_calls('<tool_call>{"name": 3}</tool_call>') == ('<tool_call>{"name": 3}</tool_call>', [])   # a broken call stays in the content
     content, calls = parse_tool_calls('<tool_call>{"name": "read", "arguments": {"path": "a"}}</tool_call><tool_call>{"name": "exec", "arguments": {"command": "ls"}}</tool_call>')
     assert [json.loads(c['function']['arguments']) for c in calls] == [{'path': 'a'}, {'command': 'ls'}]
