@@ -208,6 +208,8 @@ def specialise(body:str, plan:dict) -> tuple:
             uses[n.slice.value] = uses.get(n.slice.value, 0) + 1
     inline = {k for k, c in uses.items() if k in plan and (not isinstance(plan[k], (list, dict, tuple)) or c == 1)}
     tree = _drop_dead_defs(ast.fix_missing_locations(_Specialiser(plan, inline).visit(tree)))
+    for n in ast.walk(tree):   # a block whose every statement folded away still needs one
+        if isinstance(n, (ast.FunctionDef, ast.For, ast.While, ast.If, ast.With, ast.Try)) and not n.body: n.body = [ast.Pass()]
     subs = [n for n in ast.walk(tree) if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == 'P']
     n_p = sum(isinstance(n, ast.Name) and n.id == 'P' for n in ast.walk(tree))
     if n_p > len(subs) or not all(isinstance(n.slice, ast.Constant) for n in subs): return ast.unparse(tree) + '\n', dict(plan)  # `P` used whole
