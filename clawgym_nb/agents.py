@@ -30,7 +30,7 @@ def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (ben
     out = Path(out_dir)
     train, pool, bench = out/'tasks'/'train', out/'tasks'/'pool', out/'bench'
     q = lambda *a: None
-    ops = sorted(operations) if operations else None
+    ops = list(operations) if operations else None   # synthesize checks and sorts the names
     synthesize('mixed', n_train, seed, train, n_ops=tuple(n_ops), operations=ops, provider=provider, workers=workers, progress=False, log=q)
     synthesize('mixed', max(n_bench, int(n_bench * bench_pool_factor)), seed + 1000, pool, n_ops=tuple(n_ops), operations=ops, provider=provider,
                workers=workers, progress=False, log=q)
