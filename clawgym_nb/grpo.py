@@ -12,6 +12,7 @@ from .evaluate import as_tasks, run_parallel
 from .agent import run_episode
 from .student import Generator, StudentPolicy
 from .sft import save_model
+from .models import model_fingerprint
 
 # %% auto #0
 __all__ = ['group_advantages', 'outcome_reward', 'grpo_loss', 'grpo_train']
@@ -102,6 +103,10 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     if not tasks: raise ClawError('no training tasks', field='tasks')
     torch.manual_seed(seed)
     state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
+    start = model_fingerprint(model)                # resumed steps must continue from the same starting weights
+    if state['step'] and state.get('start_model', start) != start:
+        raise ClawError(f"the saved steps started from other weights than {model} ({state['start_model']} vs {start}); use a fresh out_dir",
+                        file=out/'adapter'/'state.json', field='start_model')
     if not state['step'] and read_jsonl(out/'steps.jsonl'):
         raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
     for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone
@@ -118,7 +123,8 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu')   # CPU decoding is faster in float32
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
-               kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed)
+               kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
+               start_model=start)
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
         net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s)})
     if state['step']: log(f"grpo: resuming after step {state['step']}")

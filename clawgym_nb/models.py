@@ -9,7 +9,8 @@ from pathlib import Path
 from .core import ClawError, atomic_write_json
 
 # %% auto #0
-__all__ = ['RUNGS', 'cache_root', 'base_rung', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model']
+__all__ = ['RUNGS', 'cache_root', 'base_rung', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model',
+           'model_fingerprint']
 
 # %% ../nbs/21_models.ipynb #48e2f14b
 RUNGS = {
@@ -121,3 +122,15 @@ def load_model(spec:str,                     # Rung name or model folder
                         file=where, field='model') from None
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok, model.eval()
+
+# %% ../nbs/21_models.ipynb #59c82826
+def model_fingerprint(model:str) -> str:
+    "Identity of a starting model: its weight files' size and SHA-256 for a model folder, the name itself for a rung."
+    import hashlib
+    files = sorted(Path(model).glob('*.safetensors')) if Path(model).is_dir() else []
+    if not files: return str(model)
+    h = hashlib.sha256()
+    for w in files:
+        with open(w, 'rb') as f:
+            for block in iter(lambda: f.read(1 << 24), b''): h.update(block)
+    return f'{sum(w.stat().st_size for w in files)}:{h.hexdigest()[:16]}'

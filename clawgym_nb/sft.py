@@ -127,7 +127,13 @@ def train_sft(model:str,                     # Base: rung name or model folder
     from clawgym_nb.models import load_model, rung_label
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     if (out/'model'/'config.json').is_file() and (out/'sft.json').is_file():
-        log(f'sft: {out}/model exists, nothing to do'); return json.loads((out/'sft.json').read_text())
+        done = json.loads((out/'sft.json').read_text())
+        asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
+                 'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
+        for k, v in asked.items():   # a finished model is reused only for the settings it was trained with
+            if k in done and done[k] != v:
+                raise ClawError(f'{out}/model was trained with {k} = {done[k]!r}, not {v!r}; delete it or use another out_dir', file=out/'sft.json', field=k)
+        log(f'sft: {out}/model exists, nothing to do'); return done
     if resume_from is not None and not (Path(resume_from)/'trainer_state.json').is_file():
         raise ClawError('no checkpoint there (trainer_state.json missing)', file=str(resume_from), field='resume_from')
     tok, _ = load_model(model)
@@ -180,12 +186,16 @@ def train_sft_isolated(model:str, data:str|Path, out_dir:str|Path, log=print, **
     "`train_sft` in a fresh Python process (its memory is returned when it ends); `data` a file, other arguments as `train_sft`."
     import subprocess, sys
     args = json.dumps({'model': str(model), 'data': str(data), 'out_dir': str(out_dir), **kw})
-    code = 'import json, sys\nfrom clawgym_nb.sft import train_sft\ntrain_sft(**json.loads(sys.argv[1]))'
-    p = subprocess.run([sys.executable, '-c', code, args], capture_output=True, text=True)
+    err = Path(out_dir)/'.sft_error.json'          # where the child reports a ClawError with its file and field
+    err.unlink(missing_ok=True)
+    code = ('import json, sys\nfrom clawgym_nb.core import ClawError, atomic_write_json\nfrom clawgym_nb.sft import train_sft\n'
+            'try: train_sft(**json.loads(sys.argv[1]))\n'
+            'except ClawError as e:\n    atomic_write_json(sys.argv[2], {"msg": e.msg, "file": e.file and str(e.file), "field": e.field}); sys.exit(2)')
+    p = subprocess.run([sys.executable, '-c', code, args, str(err)], capture_output=True, text=True)
     for line in p.stdout.splitlines(): log(line)
+    if err.is_file(): e = json.loads(err.read_text()); err.unlink(); raise ClawError(e['msg'], file=e['file'], field=e['field'])
     if p.returncode:
         last = (p.stderr.strip().splitlines() or ['no output'])[-1]
-        if last.startswith('clawgym_nb.core.ClawError: '): raise ClawError(last.split(': ', 1)[1])
         raise ClawError(f'the SFT process exited with {p.returncode}: {last}', file=str(out_dir))
     return json.loads((Path(out_dir)/'sft.json').read_text())
 

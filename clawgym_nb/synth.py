@@ -195,6 +195,14 @@ def synthesize(route:str,                  # persona | skill | mixed
         raise ClawError('no usable skill in the catalog', file=skills_spec, field='--skills')
     index_p, rej_p = out/'index.jsonl', out/'rejected.jsonl'
     done = {r['task_id'] for r in read_jsonl(index_p)} | {r['task_id'] for r in read_jsonl(rej_p)}
+    draw = {'route': route, 'seed': seed, 'backend': backend, 'personas': str(personas), 'skill_catalog': skills_spec,
+            'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'operations': operations}
+    if done and (out/'synth.json').is_file():    # resuming: the tasks already there must come from the same draw
+        old = json.loads((out/'synth.json').read_text())
+        for k, v in draw.items():
+            if k in old and old[k] != v:
+                raise ClawError(f'this store was drawn with {k} = {old[k]!r}, not {v!r}; resume with the same settings or use a new folder',
+                                file=out/'synth.json', field=k)
     todo = [i for i in range(n) if not any(f'{p}_{seed}_{i:06d}' in done for p in ('persona', 'skill'))]
     if done: log(f'resuming: {len(done)} task(s) already kept or rejected, {len(todo)} to go')
     t0, counts, bar = time.time(), {'generated': 0, 'kept': 0, 'rejected': 0}, None
@@ -232,8 +240,7 @@ def synthesize(route:str,                  # persona | skill | mixed
     kept = read_jsonl(index_p); rejected = read_jsonl(rej_p)
     from collections import Counter
     wall = time.time() - t0
-    summary = {'route': route, 'n': n, 'seed': seed, 'backend': backend, 'personas': str(personas), 'skills': skills_spec,
-               'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'operations': operations, 'validated': validate, 'provider': provider,
+    summary = {**draw, 'n': n, 'validated': validate, 'provider': provider,
                'dedup_threshold': dedup_threshold if validate else None,
                'kept': len(kept), 'rejected': len(rejected), 'this_call': {**counts, 'near_duplicates_dropped': dropped,
                'wall_s': round(wall, 1), 'tasks_per_s': round(len(todo) / wall, 1) if wall > 0 and todo else None},
