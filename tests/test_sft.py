@@ -97,7 +97,10 @@ def test_short_run_writes_model_loss_and_record(trained):
     assert type(model).__name__ == 'Qwen3ForCausalLM' and tok.chat_template
     assert not any('lora' in n for n, _ in model.named_parameters())             # LoRA merged into the weights
     # a finished run is not repeated
-    assert train_sft('tiny', '/nope.jsonl', out, **QUIET) == json.loads((out/'sft.json').read_text())
+    same = dict(batch_size=2, max_steps=4, save_steps=2, **FAST, **QUIET)
+    assert train_sft('tiny', '/nope.jsonl', out, **same) == json.loads((out/'sft.json').read_text())   # reused: data not read
+    with pytest.raises(ClawError) as e: train_sft('tiny', '/nope.jsonl', out, **{**same, 'lora_r': None})
+    assert e.value.field == 'lora_r' and e.value.file == out/'sft.json' and '\n' not in str(e.value)
 
 
 def test_resume_from_newest_checkpoint(data, trained):
