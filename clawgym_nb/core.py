@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['WORKSPACE_MOUNT', 'ClawError', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'replace_dir',
-           'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'shared_dir', 'git_commit', 'package_versions',
-           'machine_info']
+__all__ = ['WORKSPACE_MOUNT', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
+           'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'shared_dir', 'git_commit',
+           'package_versions', 'machine_info']
 
 # %% ../nbs/00_core.ipynb #088051f1
 class ClawError(Exception):
@@ -27,6 +27,17 @@ class ClawError(Exception):
         "The message as `file: field: msg`, newlines folded."
         parts = [str(p) for p in (self.file, self.field) if p not in (None, '')]
         return ': '.join(parts + [' '.join(str(self.msg).split())])
+
+# %% ../nbs/00_core.ipynb #151a0ba9
+def require_same(recorded:dict,   # Settings stored with the output (e.g. synth.json, sft.json)
+                 asked:dict,      # Settings of this call
+                 file:str|Path,   # The record file, named in the error
+                 what:str,        # What the output is, e.g. 'this store was drawn'
+                 hint:str):       # What to do instead
+    "One-line `ClawError` for the first key of `asked` whose recorded value differs."
+    for k, v in asked.items():
+        if k in recorded and recorded[k] != v:
+            raise ClawError(f'{what} with {k} = {recorded[k]!r}, not {v!r}; {hint}', file=file, field=k)
 
 # %% ../nbs/00_core.ipynb #c46b1926
 def atomic_write_bytes(path:str|Path, data:bytes) -> Path:

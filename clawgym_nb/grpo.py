@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, math, random, shutil, time
 from pathlib import Path
 from statistics import mean, pstdev
-from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, write_jsonl
+from .core import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same, write_jsonl
 from .evaluate import as_tasks, run_parallel
 from .agent import run_episode
 from .student import Generator, StudentPolicy
@@ -104,9 +104,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     torch.manual_seed(seed)
     state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
     start = model_fingerprint(model)                # resumed steps must continue from the same starting weights
-    if state['step'] and state.get('start_model', start) != start:
-        raise ClawError(f"the saved steps started from other weights than {model} ({state['start_model']} vs {start}); use a fresh out_dir",
-                        file=out/'adapter'/'state.json', field='start_model')
+    if state['step']: require_same(state, {'start_model': start}, out/'adapter'/'state.json', 'the saved steps started from weights', f'{model} differs: use a fresh out_dir')
     if not state['step'] and read_jsonl(out/'steps.jsonl'):
         raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
     for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import csv, io, json, math, os, shutil, time
 from pathlib import Path
-from .core import ClawError, atomic_write_json, atomic_write_text, read_jsonl, replace_dir
+from .core import ClawError, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 
@@ -130,9 +130,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
         done = json.loads((out/'sft.json').read_text())
         asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
                  'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
-        for k, v in asked.items():   # a finished model is reused only for the settings it was trained with
-            if k in done and done[k] != v:
-                raise ClawError(f'{out}/model was trained with {k} = {done[k]!r}, not {v!r}; delete it or use another out_dir', file=out/'sft.json', field=k)
+        require_same(done, asked, out/'sft.json', f'{out}/model was trained', 'delete it or use another out_dir')   # reused only for its own settings
         log(f'sft: {out}/model exists, nothing to do'); return done
     if resume_from is not None and not (Path(resume_from)/'trainer_state.json').is_file():
         raise ClawError('no checkpoint there (trainer_state.json missing)', file=str(resume_from), field='resume_from')

@@ -8,7 +8,7 @@ import hashlib, json, os, random, shutil, time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from .core import ClawError, append_jsonl, atomic_write_json, read_jsonl
+from .core import ClawError, append_jsonl, atomic_write_json, read_jsonl, require_same
 from .opspec import OPERATIONS, Context, Persona, task_from_ops
 from .taxonomy import SCENARIOS, sample_scenario, scenarios_for
 from .personas import persona_source
@@ -198,11 +198,8 @@ def synthesize(route:str,                  # persona | skill | mixed
     draw = {'route': route, 'seed': seed, 'backend': backend, 'personas': str(personas), 'skill_catalog': skills_spec,
             'mix': mix if route == 'mixed' else None, 'n_ops': list(n_ops), 'operations': operations}
     if done and (out/'synth.json').is_file():    # resuming: the tasks already there must come from the same draw
-        old = json.loads((out/'synth.json').read_text())
-        for k, v in draw.items():
-            if k in old and old[k] != v:
-                raise ClawError(f'this store was drawn with {k} = {old[k]!r}, not {v!r}; resume with the same settings or use a new folder',
-                                file=out/'synth.json', field=k)
+        require_same(json.loads((out/'synth.json').read_text()), draw, out/'synth.json', 'this store was drawn',
+                     'resume with the same settings or use a new folder')
     todo = [i for i in range(n) if not any(f'{p}_{seed}_{i:06d}' in done for p in ('persona', 'skill'))]
     if done: log(f'resuming: {len(done)} task(s) already kept or rejected, {len(todo)} to go')
     t0, counts, bar = time.time(), {'generated': 0, 'kept': 0, 'rejected': 0}, None
