@@ -126,14 +126,18 @@ def train_sft(model:str,                     # Base: rung name or model folder
     "Fine-tune `model` on the filtered trajectories with assistant-only loss; resumable; writes a merged `model/`."
     from clawgym_nb.models import load_model, rung_label
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
+             'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
     if (out/'model'/'config.json').is_file() and (out/'sft.json').is_file():
         done = json.loads((out/'sft.json').read_text())
-        asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
-                 'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
         require_same(done, asked, out/'sft.json', f'{out}/model was trained', 'delete it or use another out_dir')   # reused only for its own settings
         log(f'sft: {out}/model exists, nothing to do'); return done
     if resume_from is not None and not (Path(resume_from)/'trainer_state.json').is_file():
         raise ClawError('no checkpoint there (trainer_state.json missing)', file=str(resume_from), field='resume_from')
+    resume, started = resume_from or _newest_checkpoint(out/'checkpoints'), out/'sft_started.json'
+    if resume and started.is_file():   # a half-trained run continues only with the settings it started with
+        require_same(json.loads(started.read_text()), asked, started, f'the checkpoints in {out} were started', 'delete them or use another out_dir')
+    atomic_write_json(started, asked)
     tok, _ = load_model(model)
     examples, counts = sft_examples(data, tok, max_length)
     if not examples: raise ClawError('no training examples left after filtering', file=str(data) if not isinstance(data, list) else None, field='data')
@@ -141,7 +145,6 @@ def train_sft(model:str,                     # Base: rung name or model folder
     trainer = make_sft_trainer(model, examples, out, lora_r=lora_r, lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
                                max_length=max_length, seed=seed, bf16=bf16, save_steps=save_steps, max_steps=max_steps,
                                yarn_factor=yarn_factor, device=device)
-    resume = resume_from or _newest_checkpoint(out/'checkpoints')
     if resume: log(f'sft: resuming from {resume}')
     t0 = time.time()
     res = trainer.train(resume_from_checkpoint=resume)

@@ -106,6 +106,9 @@ def test_short_run_writes_model_loss_and_record(trained):
 def test_resume_from_newest_checkpoint(data, trained):
     out, _ = trained
     shutil.rmtree(out/'model'); (out/'sft.json').unlink()
+    with pytest.raises(ClawError) as e:         # a half-trained run continues only with the settings it started with
+        train_sft('tiny', data/'short.jsonl', out, batch_size=3, max_steps=6, save_steps=2, **FAST, **QUIET)
+    assert e.value.field == 'batch_size' and e.value.file == out/'sft_started.json' and '\n' not in str(e.value)
     rec = train_sft('tiny', data/'short.jsonl', out, batch_size=2, max_steps=6, save_steps=2, **FAST, **QUIET)
     assert rec['resumed_from'].endswith('checkpoint-4') and rec['steps'] == 6
     rows = (out/'loss.csv').read_text().splitlines()[1:]
