@@ -9,14 +9,14 @@ from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, median
-from .core import ClawError, append_jsonl, atomic_write_json, read_jsonl
+from .core import ClawError, append_jsonl, atomic_write_json, read_jsonl, require_same
 from .tasks import Task, load_tasks
 from .agent import run_episode
 from .policies import make_policy
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks', 'evaluate',
-           'benchmark_grading']
+__all__ = ['EXECUTORS', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks',
+           'policy_weights', 'evaluate', 'benchmark_grading']
 
 # %% ../nbs/09_evaluate.ipynb #a367ef5e
 def summarise(records:list[dict]) -> dict:
@@ -137,10 +137,18 @@ def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights, max
     "Run and grade one episode (module level: what a worker, thread or Ray task, runs)."
     return run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights, max_wall_s=max_wall_s)
 
+# %% ../nbs/09_evaluate.ipynb #b00fa1de
+def policy_weights(spec:str) -> str|None:
+    "Identity of the weights a local-model policy plays with (`student:PATH`, `hf:PATH`: size + SHA-256 of its weight files; a rung: its name), None otherwise."
+    kind, _, rest = spec.partition(':')
+    if kind not in ('student', 'hf') or not rest: return None
+    from clawgym_nb.models import model_fingerprint
+    return model_fingerprint(rest.partition('#')[0])
+
 # %% ../nbs/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
              policy:str,                   # Policy spec: noop | scripted:NAME | openai:MODEL@URL | hf:PATH
-             out_dir:str|Path,             # Where scores.jsonl, transcripts/ and summary.json go
+             out_dir:str|Path,             # Where scores.jsonl, transcripts/, policy.json and summary.json go
              provider:str='auto',          # Sandbox provider
              workers:int=1,                # Episodes in parallel
              judge=None,                   # A `grading.RubricJudge` (None: rubric skipped, reason recorded)
@@ -159,6 +167,10 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
     scores_path = out/'scores.jsonl'
     previous = {r['task_id']: r for r in read_jsonl(scores_path)}
     if retry_errors: previous = {k: r for k, r in previous.items() if not r.get('error_class')}
+    played_by, asked = out/'policy.json', {'policy': policy, 'weights': policy_weights(policy)}
+    if previous and played_by.is_file():   # resume only what the same policy, with the same weights, started
+        require_same(json.loads(played_by.read_text()), asked, played_by, 'these scores were played', 'evaluate into another folder or move this one aside')
+    atomic_write_json(played_by, asked)
     todo = [t for t in tasks if t.task_id not in previous]
     if previous: log(f'resuming: {len(previous)} task(s) already scored in {scores_path}, {len(todo)} to run')
 

@@ -55,19 +55,18 @@ def student_messages(messages:list,                      # OpenAI chat messages 
 class _Request:
     def __init__(self, ids, max_new_tokens, temperature, owner=None):
         self.ids, self.max_new_tokens, self.temperature, self.owner = ids, max_new_tokens, temperature, owner
-        self.done, self.out, self.error = threading.Event(), None, None
+        self.done, self.out, self.error, self.new = threading.Event(), None, None, []
 
 class Generator:
-    "A model shared by concurrent episodes: their turns are batched into one left-padded `generate` call, KV caches kept per episode."
+    "A model shared by concurrent episodes: continuous batching (turns join and leave at every decoded token), KV caches kept per episode."
     def __init__(self, tok, model,
-                 max_batch:int=32,          # Most sequences per generate call
-                 gather_s:float=0.05,       # How long to wait for other episodes' turns
+                 max_batch:int=32,          # Most turns decoded together
                  autocast:bool=False,       # bfloat16 autocast (CPU or GPU)
                  reuse_cache:bool=True):    # Keep each episode's KV cache between its turns
-        self.tok, self.model, self.max_batch, self.gather_s, self.autocast, self.reuse_cache = tok, model, max_batch, gather_s, autocast, reuse_cache
+        self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache = tok, model, max_batch, autocast, reuse_cache
         self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids('<|im_end|>'), tok.eos_token_id) if isinstance(i, int) and i >= 0})
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
-        self.busy_s, self.calls, self.tokens_out, self.tokens_prefilled = 0.0, 0, 0, 0
+        self.busy_s, self.decode_steps, self.row_steps, self.tokens_out, self.tokens_prefilled = 0.0, 0, 0, 0, 0
         self._q, self._thread, self._lock = queue.Queue(), None, threading.Lock()
         self._kv = weakref.WeakKeyDictionary()     # owner -> (token ids cached, [(keys, values) per layer])
 
@@ -85,23 +84,31 @@ class Generator:
         with self._lock: self._kv.pop(owner, None)
 
     def _loop(self):
+        batch = _Batch(self)
         while True:
-            batch = [self._q.get()]; deadline = time.monotonic() + self.gather_s
-            while len(batch) < self.max_batch:
-                try: batch.append(self._q.get(timeout=max(0.0, deadline - time.monotonic())))
+            joining = [] if batch.rows else [self._q.get()]        # idle: sleep until a turn arrives
+            while len(batch.rows) + len(joining) < self.max_batch:
+                try: joining.append(self._q.get_nowait())
                 except queue.Empty: break
-            groups = {}   # one generate call per temperature, and first turns apart from continuing episodes
-            for r in batch:
-                with self._lock: warm = r.owner is not None and r.owner in self._kv
-                groups.setdefault((r.temperature, warm), []).append(r)
-            for (temp, _), rs in groups.items():
-                try: self._run(rs, temp)
+            t0 = time.monotonic()
+            for r in joining:
+                try: batch.join(r)
+                except Exception as e: self._end(r, e)
+            if batch.rows:
+                try: batch.step()
                 except Exception as e:
-                    for r in rs:
-                        r.error = f'{type(e).__name__}: {" ".join(str(e).split())[:300]}'
-                        if r.owner is not None: self.release(r.owner)
-                for r in rs: r.owner = None; r.done.set()
-            batch = groups = rs = r = None     # hold no episode's policy while waiting (caches go with their policies)
+                    for r in batch.rows: self._end(r, e)
+                    batch = _Batch(self)
+            self.busy_s += time.monotonic() - t0
+            joining = r = None     # hold no episode's policy while waiting (caches go with their policies)
+
+    def _end(self, r, error=None):
+        "Answer request `r` (its tokens, or the error that ended it)."
+        if error is not None:
+            r.error = f'{type(error).__name__}: {" ".join(str(error).split())[:300]}'
+            if r.owner is not None: self.release(r.owner)
+        else: r.out = r.new; self.tokens_out += len(r.new)
+        r.owner = None; r.done.set()
 
 # %% ../nbs/22_student.ipynb #3d5ebe0d
 def _cached(gen, r) -> tuple:
@@ -114,50 +121,115 @@ def _cached(gen, r) -> tuple:
     if n <= 0 or r.ids[:n] != ids[:n]: return 0, None
     return n, [(k[:, :, :n], v[:, :, :n]) for k, v in layers]
 
-def _run(self, rs:list, temperature:float):
-    import torch
-    from transformers import DynamicCache
-    t0, dev = time.monotonic(), next(self.model.parameters()).device
-    hits = [_cached(self, r) for r in rs]
-    C = max(n for n, _ in hits); news = [r.ids[n:] for r, (n, _) in zip(rs, hits)]; N = max(len(x) for x in news)
-    rows, mask = [], []
-    for r, (n, _), new in zip(rs, hits, news):
-        rows.append([self.pad_id] * (C - n) + r.ids[:n] + [self.pad_id] * (N - len(new)) + new)
-        mask.append([0] * (C - n) + [1] * n + [0] * (N - len(new)) + [1] * len(new))
-    ids, att = torch.tensor(rows, device=dev), torch.tensor(mask, device=dev)
-    kw = dict(max_new_tokens=max(r.max_new_tokens for r in rs), eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-              return_dict_in_generate=True)
-    kw.update(dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False))
-    if C:
-        layers = []
-        for li in range(len(hits[0][1])):
-            ks, vs = [], []
-            for n, lay in hits:
-                k, v = lay[li]
-                pad = k.new_zeros(k.shape[0], k.shape[1], C - n, k.shape[3])
-                ks.append(torch.cat([pad, k], 2)); vs.append(torch.cat([pad, v], 2))
-            layers.append((torch.cat(ks, 0), torch.cat(vs, 0)))
-        kw['cache'] = DynamicCache(layers, config=self.model.config)
-    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.autocast):
-        res = self.model.generate(input_ids=ids, attention_mask=att, **kw)
-    width = C + N
-    cache = getattr(res, 'cache', None) or getattr(res, 'past_key_values', None)
-    for i, (r, row) in enumerate(zip(rs, res.sequences[:, width:].tolist())):
-        new = []
-        for t in row[:r.max_new_tokens]:
-            new.append(t)
-            if t in self.eos_ids: break
-        r.out = new; self.tokens_out += len(new)
-        self.tokens_prefilled += len(news[i])
-        if self.reuse_cache and r.owner is not None and cache is not None:
-            n = hits[i][0]; keep_gen = max(0, len(new) - 1)   # the last token's keys are computed next turn
-            idx = list(range(C - n, C)) + list(range(C + N - len(news[i]), C + N)) + list(range(width, width + keep_gen))
-            idx_t = torch.tensor(idx, device=dev)
-            lay = [(l.keys[i:i + 1].index_select(2, idx_t), l.values[i:i + 1].index_select(2, idx_t)) for l in cache.layers]
-            with self._lock: self._kv[r.owner] = (r.ids + new[:keep_gen], lay)
-    self.busy_s += time.monotonic() - t0; self.calls += 1
+@lru_cache(maxsize=None)
+def _slab_layer():
+    from transformers.cache_utils import DynamicLayer
+    class _Slab(DynamicLayer):
+        "A cache layer with spare room: a new token's keys/values are written into it, not concatenated (which copies)."
+        def __init__(self, keys, values):
+            super().__init__(); self.device, self.is_initialized = keys.device, True
+            self._fill(keys, values, extra=64)
+        def _fill(self, keys, values, extra):
+            L = keys.shape[2]
+            self._k = keys.new_empty(keys.shape[0], keys.shape[1], L + extra, keys.shape[3]); self._k[:, :, :L] = keys
+            self._v = values.new_empty(values.shape[0], values.shape[1], L + extra, values.shape[3]); self._v[:, :, :L] = values
+            self.keys, self.values = self._k[:, :, :L], self._v[:, :, :L]
+        def update(self, key_states, value_states, *args, **kwargs):
+            L, n = self.keys.shape[2], key_states.shape[2]
+            if L + n > self._k.shape[2]: self._fill(self.keys, self.values, extra=max(64, (L + n) // 2) + n)
+            self._k[:, :, L:L + n] = key_states; self._v[:, :, L:L + n] = value_states
+            self.keys, self.values = self._k[:, :, :L + n], self._v[:, :, :L + n]
+            return self.keys, self.values
+    return _Slab
 
-Generator._run = _run
+def _cache(model, layers:list):
+    "A transformers `DynamicCache` whose layers hold `layers` ([(keys, values)]) in `_Slab`s."
+    from transformers import DynamicCache
+    c, Slab = DynamicCache(config=model.config), _slab_layer()
+    if any(type(l).__name__ != 'DynamicLayer' for l in c.layers):   # e.g. sliding-window layers: a slab would attend too far back
+        raise ClawError(f'the student generator supports full-attention layers only, not {sorted({type(l).__name__ for l in c.layers})}', field='model')
+    c.layers = [Slab(k, v) for k, v in layers]
+    return c
+
+# %% ../nbs/22_student.ipynb #05b1c33d
+class _Batch:
+    "The turns being decoded: one row each, keys/values left-padded to a common length, `mask` 0 over the padding."
+    def __init__(self, gen):
+        self.g, self.rows, self.cache, self.mask = gen, [], None, None
+
+    def _forward(self, **kw):
+        import torch
+        dev = next(self.g.model.parameters()).device
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.g.autocast):
+            return self.g.model(**{k: v.to(dev) if hasattr(v, 'to') and k != 'cache' else v for k, v in kw.items()},
+                                use_cache=True, logits_to_keep=1).logits[:, -1].float()
+
+    def _sample(self, logits, rs) -> list:
+        "One token per row: greedy where the temperature is 0, else a draw from softmax(logits / T)."
+        import torch
+        t = torch.tensor([r.temperature for r in rs], device=logits.device)
+        pick = logits.argmax(-1)
+        if (t > 0).any():
+            drawn = torch.multinomial(torch.softmax(logits / t.clamp(min=1e-5)[:, None], -1), 1)[:, 0]
+            pick = torch.where(t > 0, drawn, pick)
+        return pick.tolist()
+
+    def _took(self, r, token) -> bool:
+        "Append `token` to turn `r`; False when the turn is over (and answered)."
+        r.new.append(token)
+        if token in self.g.eos_ids or len(r.new) >= r.max_new_tokens:
+            if self.g.reuse_cache and r.owner is not None: self._keep(r)
+            self.g._end(r); return False
+        return True
+
+    def join(self, r):
+        "Prefill turn `r` (only what its episode's cache lacks), take its first token, add its row."
+        import torch
+        from transformers import DynamicCache
+        g = self.g; n, cached = _cached(g, r)
+        c = _cache(g.model, cached) if n else DynamicCache(config=g.model.config)
+        logits = self._forward(input_ids=torch.tensor([r.ids[n:]]), position_ids=torch.arange(n, len(r.ids))[None], cache=c)
+        g.tokens_prefilled += len(r.ids) - n
+        r.kv = [(l.keys, l.values) for l in c.layers]
+        if not self._took(r, self._sample(logits, [r])[0]): r.kv = None; return
+        L, P = (self.mask.shape[1] if self.rows else 0), len(r.ids)
+        width = max(L, P)
+        def pad(x, k): return torch.cat([x.new_zeros(*x.shape[:2], k, x.shape[3]), x], 2) if k else x
+        old = [(l.keys, l.values) for l in self.cache.layers] if self.rows else None
+        layers = [(pad(k, width - P), pad(v, width - P)) for k, v in r.kv]
+        if old: layers = [(torch.cat([pad(ok, width - L), k]), torch.cat([pad(ov, width - L), v])) for (ok, ov), (k, v) in zip(old, layers)]
+        mask = torch.cat([torch.zeros(1, width - P, dtype=torch.long), torch.ones(1, P, dtype=torch.long)], 1)
+        if self.rows: mask = torch.cat([torch.cat([torch.zeros(len(self.rows), width - L, dtype=torch.long), self.mask], 1), mask])
+        self.cache, self.mask, r.kv = _cache(g.model, layers), mask, None
+        self.rows.append(r)
+
+    def step(self):
+        "Decode one token for every row; rows whose turn ended leave."
+        import torch
+        g, rs = self.g, self.rows
+        last = torch.tensor([[r.new[-1]] for r in rs])
+        pos = torch.tensor([[len(r.ids) + len(r.new) - 1] for r in rs])
+        self.mask = torch.cat([self.mask, torch.ones(len(rs), 1, dtype=torch.long)], 1)
+        logits = self._forward(input_ids=last, position_ids=pos, attention_mask=self.mask, cache=self.cache)
+        g.decode_steps += 1; g.row_steps += len(rs)
+        keep = [i for i, (r, t) in enumerate(zip(rs, self._sample(logits, rs))) if self._took(r, t)]
+        if len(keep) == len(rs): return
+        self.rows = [rs[i] for i in keep]
+        if not self.rows: self.cache = self.mask = None; return
+        idx = torch.tensor(keep); mask = self.mask[idx]
+        start = int(mask.any(0).nonzero()[0])                  # columns that are padding in every row go
+        self.mask, dev = mask[:, start:].contiguous(), self.cache.layers[0].keys.device
+        self.cache = _cache(g.model, [(l.keys[:, :, start:].index_select(0, idx.to(dev)), l.values[:, :, start:].index_select(0, idx.to(dev)))
+                                      for l in self.cache.layers])
+
+    def _keep(self, r):
+        "Store the keys/values of turn `r`'s real tokens for its episode's next turn (the last token's come next turn)."
+        import torch
+        if r in self.rows:
+            i = self.rows.index(r); cols = self.mask[i].nonzero()[:, 0]
+            lay = [(l.keys[i:i + 1][:, :, cols.to(l.keys.device)], l.values[i:i + 1][:, :, cols.to(l.keys.device)]) for l in self.cache.layers]
+        else: lay = r.kv                                        # ended at its first token, before joining
+        with self.g._lock: self.g._kv[r.owner] = (r.ids + r.new[:-1], lay)
 
 # %% ../nbs/22_student.ipynb #ed621756
 def render_prompt(tok, messages:list) -> str:

@@ -297,3 +297,57 @@ def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen):
     warm.release(owners[0]); assert len(warm._kv) == 2
     del owners; import gc; gc.collect()
     assert len(warm._kv) == 0          # caches go with their episodes' policies
+
+
+def test_continuous_batching_matches_one_sequence_generate(gen):
+    "Turns of different lengths and budgets decoded together (joining and leaving mid-batch, a sampled row among them) give, "
+    "for every greedy row, the tokens transformers' own `generate` gives that prompt alone; second turns reuse the cache."
+    import threading, torch
+    from clawgym_nb.student import Generator
+    tok, model = gen.tok, gen.model
+    g = Generator(tok, model)
+    def alone(ids, n):
+        with torch.no_grad():
+            row = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=g.eos_ids,
+                                 pad_token_id=g.pad_id)[0, len(ids):].tolist()
+        return next((row[:k + 1] for k, t in enumerate(row) if t in g.eos_ids), row)
+    def together(prompts, budgets, temps, owners):
+        outs = [None] * len(prompts)
+        def run(i): outs[i] = g.generate(prompts[i], budgets[i], temps[i], owner=owners[i])
+        th = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        [t.start() for t in th]; [t.join() for t in th]
+        return outs
+    class Owner: pass
+    owners = [Owner() for _ in range(5)]
+    prompts = [tok(f'<|im_start|>user\n{"hello " * (3 + 7 * i)}number {i}<|im_end|>\n<|im_start|>assistant\n', add_special_tokens=False)['input_ids']
+               for i in range(5)]
+    budgets = [5, 40, 12, 30, 3]
+    outs = together(prompts, budgets, [0.0] * 5, owners)
+    assert outs == [alone(p, b) for p, b in zip(prompts, budgets)]
+    assert g.row_steps > g.decode_steps and g.tokens_out == sum(map(len, outs))
+    suffix = tok('\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n', add_special_tokens=False)['input_ids']
+    second = [p + o + suffix for p, o in zip(prompts, outs)]
+    before = g.tokens_prefilled
+    outs2 = together(second, [20] * 5, [0.0, 1.0, 0.0, 1.0, 0.0], owners)
+    assert [outs2[i] for i in (0, 2, 4)] == [alone(second[i], 20) for i in (0, 2, 4)]
+    assert all(0 < len(o) <= 20 for o in outs2)
+    assert g.tokens_prefilled - before < sum(map(len, second)) / 2          # only the new tokens were prefilled
+
+
+def test_evaluate_resumes_only_with_the_same_weights(tmp_path, task):
+    "Scores played by a model folder are resumed only while its weight files are the same (policy.json records their fingerprint)."
+    import shutil, torch
+    from clawgym_nb.evaluate import evaluate
+    from clawgym_nb.models import load_model, tiny_model_dir
+    m = tmp_path/'model'; shutil.copytree(tiny_model_dir(), m)
+    spec, ev = f'student:{m}#max_new_tokens=8', tmp_path/'eval'
+    evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)
+    recorded = json.loads((ev/'policy.json').read_text())
+    assert recorded['policy'] == spec and ':' in recorded['weights']
+    evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)        # same weights: resumes (nothing left to run)
+    _, model = load_model(str(m))
+    with torch.no_grad(): next(model.parameters()).add_(0.01)
+    model.save_pretrained(m)                                                            # "retrained" in place
+    with pytest.raises(ClawError, match='policy.json: weights: these scores were played with weights'):
+        evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)
+    assert len(read_jsonl(ev/'scores.jsonl')) == 1
