@@ -156,12 +156,12 @@ class _Batch:
     "The turns being decoded: one row each, keys/values left-padded to a common length, `mask` 0 over the padding."
     def __init__(self, gen):
         self.g, self.rows, self.cache, self.mask = gen, [], None, None
+        self.dev = next(gen.model.parameters()).device
 
     def _forward(self, **kw):
         import torch
-        dev = next(self.g.model.parameters()).device
-        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.g.autocast):
-            return self.g.model(**{k: v.to(dev) if hasattr(v, 'to') and k != 'cache' else v for k, v in kw.items()},
+        with torch.no_grad(), torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.g.autocast):
+            return self.g.model(**{k: v.to(self.dev) if hasattr(v, 'to') and k != 'cache' else v for k, v in kw.items()},
                                 use_cache=True, logits_to_keep=1).logits[:, -1].float()
 
     def _sample(self, logits, rs) -> list:
@@ -183,25 +183,23 @@ class _Batch:
         return True
 
     def join(self, r):
-        "Prefill turn `r` (only what its episode's cache lacks), take its first token, add its row."
+        "Prefill turn `r` (only what its episode's cache lacks), add its row, take its first token."
         import torch
         from transformers import DynamicCache
         g = self.g; n, cached = _cached(g, r)
         c = _cache(g.model, cached) if n else DynamicCache(config=g.model.config)
         logits = self._forward(input_ids=torch.tensor([r.ids[n:]]), position_ids=torch.arange(n, len(r.ids))[None], cache=c)
         g.tokens_prefilled += len(r.ids) - n
-        r.kv = [(l.keys, l.values) for l in c.layers]
-        if not self._took(r, self._sample(logits, [r])[0]): r.kv = None; return
         L, P = (self.mask.shape[1] if self.rows else 0), len(r.ids)
         width = max(L, P)
         def pad(x, k): return torch.cat([x.new_zeros(*x.shape[:2], k, x.shape[3]), x], 2) if k else x
-        old = [(l.keys, l.values) for l in self.cache.layers] if self.rows else None
-        layers = [(pad(k, width - P), pad(v, width - P)) for k, v in r.kv]
-        if old: layers = [(torch.cat([pad(ok, width - L), k]), torch.cat([pad(ov, width - L), v])) for (ok, ov), (k, v) in zip(old, layers)]
+        layers = [(pad(l.keys, width - P), pad(l.values, width - P)) for l in c.layers]
+        if self.rows: layers = [(torch.cat([pad(o.keys, width - L), k]), torch.cat([pad(o.values, width - L), v])) for o, (k, v) in zip(self.cache.layers, layers)]
         mask = torch.cat([torch.zeros(1, width - P, dtype=torch.long), torch.ones(1, P, dtype=torch.long)], 1)
         if self.rows: mask = torch.cat([torch.cat([torch.zeros(len(self.rows), width - L, dtype=torch.long), self.mask], 1), mask])
-        self.cache, self.mask, r.kv = _cache(g.model, layers), mask, None
+        self.cache, self.mask = _cache(g.model, layers), mask
         self.rows.append(r)
+        if not self._took(r, self._sample(logits, [r])[0]): self._leave(list(range(len(self.rows) - 1)))   # ended at its first token
 
     def step(self):
         "Decode one token for every row; rows whose turn ended leave."
@@ -213,22 +211,22 @@ class _Batch:
         logits = self._forward(input_ids=last, position_ids=pos, attention_mask=self.mask, cache=self.cache)
         g.decode_steps += 1; g.row_steps += len(rs)
         keep = [i for i, (r, t) in enumerate(zip(rs, self._sample(logits, rs))) if self._took(r, t)]
-        if len(keep) == len(rs): return
-        self.rows = [rs[i] for i in keep]
+        if len(keep) < len(rs): self._leave(keep)
+
+    def _leave(self, keep:list):
+        "Keep only rows `keep` (their turns go on); drop the columns that are padding in every row left."
+        import torch
+        self.rows = [self.rows[i] for i in keep]
         if not self.rows: self.cache = self.mask = None; return
         idx = torch.tensor(keep); mask = self.mask[idx]
         start = int(mask.any(0).nonzero()[0])                  # columns that are padding in every row go
-        self.mask, dev = mask[:, start:].contiguous(), self.cache.layers[0].keys.device
-        self.cache = _cache(g.model, [(l.keys[:, :, start:].index_select(0, idx.to(dev)), l.values[:, :, start:].index_select(0, idx.to(dev)))
-                                      for l in self.cache.layers])
+        self.mask, idx = mask[:, start:].contiguous(), idx.to(self.dev)
+        self.cache = _cache(self.g.model, [(l.keys[:, :, start:].index_select(0, idx), l.values[:, :, start:].index_select(0, idx)) for l in self.cache.layers])
 
     def _keep(self, r):
         "Store the keys/values of turn `r`'s real tokens for its episode's next turn (the last token's come next turn)."
-        import torch
-        if r in self.rows:
-            i = self.rows.index(r); cols = self.mask[i].nonzero()[:, 0]
-            lay = [(l.keys[i:i + 1][:, :, cols.to(l.keys.device)], l.values[i:i + 1][:, :, cols.to(l.keys.device)]) for l in self.cache.layers]
-        else: lay = r.kv                                        # ended at its first token, before joining
+        i = self.rows.index(r); cols = self.mask[i].nonzero()[:, 0].to(self.dev)
+        lay = [(l.keys[i:i + 1][:, :, cols], l.values[i:i + 1][:, :, cols]) for l in self.cache.layers]
         with self.g._lock: self.g._kv[r.owner] = (r.ids + r.new[:-1], lay)
 
 # %% ../nbs/22_student.ipynb #ed621756
