@@ -36,7 +36,7 @@ sysdeps:
 # (debootstrap + docker import, about a minute the first time). Without it, docker tests skip with a reason.
 docker-up: env sysdeps
 	@if [ "$$(id -u)" = 0 ] && command -v dockerd >/dev/null; then \
-	  $(BIN)/python -c "from clawgym_nb.docker_sandbox import ensure_dockerd, build_base_image; import sys; ok = ensure_dockerd(); print('docker engine:', 'up' if ok else 'did not start'); ok and print('docker base image:', build_base_image())" \
+	  $(BIN)/python -c "from clawgym_nb.env.docker_sandbox import ensure_dockerd, build_base_image; import sys; ok = ensure_dockerd(); print('docker engine:', 'up' if ok else 'did not start'); ok and print('docker base image:', build_base_image())" \
 	  || echo "WARNING: the docker provider is unavailable here; tests marked docker will skip"; \
 	else echo "docker provider: needs root and dockerd; tests marked docker will skip"; fi
 

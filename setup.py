@@ -16,7 +16,7 @@ setuptools.setup(
     python_requires='>=' + cfg['min_python'],
     packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path'] + '.*']),
     include_package_data=True,
-    package_data={cfg['lib_path']: ['skill_catalog/*/SKILL.md']},
+    package_data={cfg['lib_path'] + '.syndata': ['skill_catalog/*/SKILL.md']},
     install_requires=cfg['requirements'].split(),
     extras_require={'dev': cfg['dev_requirements'].split()},
     entry_points={'console_scripts': cfg['console_scripts'].split(),

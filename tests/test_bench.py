@@ -2,12 +2,12 @@
 import json
 from pathlib import Path
 import pytest
-from clawgym_nb.core import ClawError
-from clawgym_nb.tasks import Task, load_task, load_tasks, save_task
-from clawgym_nb.demo_tasks import make_demo_tasks
-from clawgym_nb.policies import register_script
-from clawgym_nb.opspec import BENCH_CATEGORIES, BENCH_PROPORTIONS
-from clawgym_nb.bench import DROP_REASONS, balance, bench_category, build_benchmark, category_targets, content_hash
+from clawgym_nb.core.basics import ClawError
+from clawgym_nb.env.tasks import Task, load_task, load_tasks, save_task
+from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.env.policies import register_script
+from clawgym_nb.syndata.opspec import BENCH_CATEGORIES, BENCH_PROPORTIONS
+from clawgym_nb.syndata.bench import DROP_REASONS, balance, bench_category, build_benchmark, category_targets, content_hash
 
 pytestmark = pytest.mark.filterwarnings('ignore:sandbox .local. is NOT isolated')
 

@@ -2,10 +2,10 @@
 import json
 from pathlib import Path
 import pytest
-from clawgym_nb.core import shared_dir
-from clawgym_nb.tasks import Task, import_pinchbench, save_task
-from clawgym_nb.demo_tasks import make_demo_tasks
-from clawgym_nb.diversity import diversity_report, diversity_tables, distinct_n, jaccard, plot_diversity, shingles, write_diversity
+from clawgym_nb.core.basics import shared_dir
+from clawgym_nb.env.tasks import Task, import_pinchbench, save_task
+from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.syndata.diversity import diversity_report, diversity_tables, distinct_n, jaccard, plot_diversity, shingles, write_diversity
 
 PINCHBENCH = shared_dir()/'data'/'pinchbench'/'tasks'
 

@@ -1,5 +1,5 @@
-"""The docker provider (clawgym_nb.docker_sandbox): run wherever a Docker engine answers and the base image exists
-(`python -c "from clawgym_nb.docker_sandbox import *; ensure_dockerd(); build_base_image()"`), skipped elsewhere."""
+"""The docker provider (clawgym_nb.env.docker_sandbox): run wherever a Docker engine answers and the base image exists
+(`python -c "from clawgym_nb.env.docker_sandbox import *; ensure_dockerd(); build_base_image()"`), skipped elsewhere."""
 import os, time, uuid
 from pathlib import Path
 import pytest
@@ -9,19 +9,19 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope='module')
 def ds():
-    from clawgym_nb.docker_sandbox import DockerSandbox
+    from clawgym_nb.env.docker_sandbox import DockerSandbox
     why = DockerSandbox.probe()
     if why: pytest.skip(f'docker sandbox unavailable: {why}')
     return DockerSandbox
 
 
 def n_containers():
-    from clawgym_nb.docker_sandbox import docker_client, LABEL
+    from clawgym_nb.env.docker_sandbox import docker_client, LABEL
     return len(docker_client().containers.list(all=True, filters={'label': LABEL}))
 
 
 def test_contract_and_registry(ds):
-    from clawgym_nb.sandbox import make_sandbox
+    from clawgym_nb.env.sandboxes import make_sandbox
     with make_sandbox('docker', files={'in/a.txt': 'hello\n'}) as sb:
         assert isinstance(sb, ds) and sb.root == '/root/.openclaw/workspace'
         r = sb.exec('cat in/a.txt; echo err >&2; exit 3')
@@ -67,7 +67,7 @@ def test_no_containers_left(ds):
 
 
 def test_fork_bomb_and_disk_contained(ds):
-    from clawgym_nb.sandbox import SandboxLimits
+    from clawgym_nb.env.sandbox import SandboxLimits
     with ds(limits=SandboxLimits(pids=48, file_size_mb=4, timeout=5)) as sb:
         t0 = time.monotonic()
         assert sb.exec('bomb() { bomb | bomb & }; bomb; sleep 2', timeout=4).timed_out

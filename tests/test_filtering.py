@@ -1,7 +1,7 @@
 import math
 import pytest
-from clawgym_nb.core import ClawError, write_jsonl
-from clawgym_nb.filtering import (load_trajectories, filter_by_threshold, threshold_sweep, continuous_weights,
+from clawgym_nb.core.basics import ClawError, write_jsonl
+from clawgym_nb.agents.filtering import (load_trajectories, filter_by_threshold, threshold_sweep, continuous_weights,
                                   write_sft_dataset)
 
 

@@ -1,13 +1,13 @@
-"""Tests for clawgym_nb.grading: code checks in fresh sandboxes, named infrastructure failures, and the LLM judge over HTTP."""
+"""Tests for clawgym_nb.env.grading: code checks in fresh sandboxes, named infrastructure failures, and the LLM judge over HTTP."""
 import json, math
 from pathlib import Path
 import pytest
-from clawgym_nb.core import shared_dir
-from clawgym_nb.tasks import Task, import_pinchbench, load_tasks
-from clawgym_nb.grading import (grade_task, run_code_check, parse_reward_output, reward_payload, extract_json,
+from clawgym_nb.core.basics import shared_dir
+from clawgym_nb.env.tasks import Task, import_pinchbench, load_tasks
+from clawgym_nb.env.grading import (grade_task, run_code_check, parse_reward_output, reward_payload, extract_json,
                                 RubricJudge, JudgeError, as_openclaw, final_message)
-from clawgym_nb.sandbox import available_providers
-from clawgym_nb.openai_server import serve
+from clawgym_nb.env.sandboxes import available_providers
+from clawgym_nb.env.openai_server import serve
 
 pytestmark = pytest.mark.filterwarnings('ignore:sandbox .local. is NOT isolated')
 PROVIDERS = ['local', pytest.param('bwrap', marks=pytest.mark.skipif(bool(available_providers().get('bwrap')),
@@ -170,7 +170,7 @@ def test_judge_endpoint_down(tmp_path):
     assert g['error_class'] == 'judge_error' and 'request failed' in g['error']
 
 def test_judge_api_key_is_an_env_var_name(monkeypatch):
-    from clawgym_nb.core import ClawError
+    from clawgym_nb.core.basics import ClawError
     monkeypatch.delenv('CLAWGYM_TEST_KEY', raising=False)
     with pytest.raises(ClawError, match='CLAWGYM_TEST_KEY'): RubricJudge('j', 'http://x/v1', api_key='CLAWGYM_TEST_KEY')
     monkeypatch.setenv('CLAWGYM_TEST_KEY', 'sk-test')

@@ -1,15 +1,15 @@
-"""GRPO (clawgym_nb.grpo) on the tiny rung: group advantages, the outcome reward, the clipped policy-gradient loss, a short
+"""GRPO (clawgym_nb.agents.grpo) on the tiny rung: group advantages, the outcome reward, the clipped policy-gradient loss, a short
 resumable run, infrastructure failures leaving their group, and the CLI."""
 import contextlib, io, json, math, threading
 from collections import defaultdict
 import pytest
 import torch
-import clawgym_nb.grpo as grpo
+import clawgym_nb.agents.grpo as grpo
 from clawgym_nb.cli import main
-from clawgym_nb.core import ClawError, read_jsonl
-from clawgym_nb.grpo import group_advantages, grpo_loss, grpo_train, outcome_reward
-from clawgym_nb.models import load_model
-from clawgym_nb.synth import synthesize
+from clawgym_nb.core.basics import ClawError, read_jsonl
+from clawgym_nb.agents.grpo import group_advantages, grpo_loss, grpo_train, outcome_reward
+from clawgym_nb.agents.models import load_model
+from clawgym_nb.syndata.synth import synthesize
 
 QUIET = dict(log=lambda *a: None)
 SMALL = dict(prompts_per_step=2, group_size=2, max_turns=2, max_new_tokens=16)

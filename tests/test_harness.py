@@ -7,11 +7,11 @@ import os, shutil, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest
-from clawgym_nb.tasks import Task, pinchbench_reward_files
-from clawgym_nb.agent import run_episode
-from clawgym_nb.policies import TAMPER_SCRIPTS
-from clawgym_nb.sandbox import available_providers
-from clawgym_nb.demo_tasks import make_demo_tasks
+from clawgym_nb.env.tasks import Task, pinchbench_reward_files
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.policies import TAMPER_SCRIPTS
+from clawgym_nb.env.sandboxes import available_providers
+from clawgym_nb.env.demo_tasks import make_demo_tasks
 
 SECRET = 'k7Q-secret-9Zr'
 GRADE = f'''def grade(transcript, workspace_path):

@@ -5,9 +5,9 @@ SmolLM2 (slow test): the plumbing also runs against the offline small model serv
 """
 import json, time
 import pytest
-from clawgym_nb.llm import LLMClient, LLMError, LLMCacheMiss, AUDIT_SCHEMA, PERSONA_TASK_SCHEMA, parse_json_reply, schema_errors
-from clawgym_nb.openai_server import serve, HTTPError
-from clawgym_nb.policies import assistant_message
+from clawgym_nb.env.llm import LLMClient, LLMError, LLMCacheMiss, AUDIT_SCHEMA, PERSONA_TASK_SCHEMA, parse_json_reply, schema_errors
+from clawgym_nb.env.openai_server import serve, HTTPError
+from clawgym_nb.env.policies import assistant_message
 
 GOOD = {'has_factual_error': False, 'has_answer_leak': True, 'reason': 'the instruction states the total'}
 MSGS = [{'role': 'system', 'content': 'Audit the task.'}, {'role': 'user', 'content': 'Sum input/a.csv; it is 42.'}]
@@ -125,7 +125,7 @@ def test_smollm2_plumbing(tmp_path):
     Measured 2026-11-30 (SmolLM2 GGUF, greedy, 96 new tokens): 0/6 replies parse as JSON; it answers with Python code
     or prose. The plumbing works end to end (requests arrive, unusable replies are rejected with a one-line reason);
     the model is simply too small for structured output."""
-    from clawgym_nb.policies import HFPolicy
+    from clawgym_nb.env.policies import HFPolicy
     pol = HFPolicy('smollm2', max_new_tokens=96)
     tasks = ['Sum the amount column of input/sales.csv and write the total (it is 1234) to output/total.txt.',
              'Count the rows of input/orders.csv with qty >= 20 and write the count to output/n.txt.',

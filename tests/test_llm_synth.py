@@ -5,13 +5,13 @@ SmolLM2 (slow test): the same plumbing pointed at the offline small model; it re
 """
 import json
 import pytest
-from clawgym_nb.llm import LLMClient, PERSONA_TASK_SCHEMA, schema_errors
-from clawgym_nb.llm_synth import (SynthReject, check_input_path, check_grader, llm_persona_task, llm_synthesize,
+from clawgym_nb.env.llm import LLMClient, PERSONA_TASK_SCHEMA, schema_errors
+from clawgym_nb.syndata.llm_synth import (SynthReject, check_input_path, check_grader, llm_persona_task, llm_synthesize,
                                   GRADER_SCHEMA)
-from clawgym_nb.openai_server import serve
-from clawgym_nb.personas import persona_source
-from clawgym_nb.policies import assistant_message
-from clawgym_nb.tasks import load_task
+from clawgym_nb.env.openai_server import serve
+from clawgym_nb.syndata.personas import persona_source
+from clawgym_nb.env.policies import assistant_message
+from clawgym_nb.env.tasks import load_task
 
 PROV = 'local'   # graders here are the test's own code; the sandboxed default is exercised in the notebook
 
@@ -63,7 +63,7 @@ def test_schemas_match_the_fixtures():
 
 
 def test_good_task_written_and_validated(tmp_path):
-    from clawgym_nb.validate import validate_tasks
+    from clawgym_nb.syndata.validate import validate_tasks
     with serve(model()) as srv:
         c = LLMClient('scripted', srv.base_url, cache_dir=tmp_path/'cache')
         s = llm_synthesize(2, 0, tmp_path/'store', c, provider=PROV, progress=False, log=lambda *a: None)
@@ -155,7 +155,7 @@ def test_replay_from_cache_with_server_closed(tmp_path):
 @pytest.mark.slow
 def test_smollm2_plumbing(tmp_path):
     "The offline SmolLM2-135M behind the same HTTP plumbing: reports the fraction of tasks that survive (expected ~0)."
-    from clawgym_nb.policies import HFPolicy
+    from clawgym_nb.env.policies import HFPolicy
     with serve(HFPolicy('smollm2', max_new_tokens=512)) as srv:
         c = LLMClient('smollm2', srv.base_url, cache_dir=tmp_path/'cache', max_tokens=512, max_retries=1, backoff=0.01, timeout=600)
         s = llm_synthesize(2, 0, tmp_path/'store', c, provider=PROV, progress=False, max_llm_failures=5)

@@ -1,25 +1,28 @@
-"""Every notebook in nbs/ is a test: a small wrapper over nbdev's `test_nb`, so pytest prints its summary line.
+"""Every notebook in nbs/ is a test: each runs from scratch in its own Python process (as a reader's fresh kernel
+would), through nbdev's `test_nb`, so one notebook's registrations and globals never leak into another or into the tests.
 
 Cells flagged with a test flag (`#| slow`, `#| gpu`, `#| api`, `#| docker`) are skipped unless the flag is enabled
 (see conftest.py). Notebooks whose name starts with `_` are scratch and not tested.
 """
+import subprocess, sys
 from pathlib import Path
 import pytest
-from nbdev.test import test_nb as run_notebook  # renamed so pytest does not collect it
 from conftest import enabled_flags, FLAGS
-from clawgym_nb.core import shared_dir
+from clawgym_nb.core.basics import shared_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-# Experiments that exist to run on the reference data in ../shared (library notebooks skip their real-data cells themselves)
+# Experiments that exist to run on the reference data (library notebooks skip their real-data cells themselves)
 NEEDS_DATA = {'experiments/walkthrough.ipynb': shared_dir()/'data'/'pinchbench'/'tasks'}
 NOTEBOOKS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb')
                    if not any(part.startswith(('_', '.')) for part in p.relative_to(ROOT/'nbs').parts))
+RUN = 'import sys; from pathlib import Path; from nbdev.test import test_nb; sys.exit(0 if test_nb(Path(sys.argv[1]), skip_flags=sys.argv[2:], showerr=True)[0] else 1)'
 
 
 @pytest.mark.parametrize('nb', NOTEBOOKS, ids=[str(p.relative_to(ROOT/'nbs')) for p in NOTEBOOKS])
 def test_notebook(nb, request):
     data = NEEDS_DATA.get(str(nb.relative_to(ROOT/'nbs')))
-    if data is not None and not data.is_dir(): pytest.skip(f'reference data not present at {data}')
+    if data is not None and not data.is_dir():
+        pytest.skip(f'reference data not present at {data} (PinchBench tasks; see the README, "External data")')
     skip = sorted(set(FLAGS) - enabled_flags(request.config))
-    ok, secs = run_notebook(nb, skip_flags=skip, showerr=True)
-    assert ok, f'{nb.name} failed (see the traceback above)'
+    r = subprocess.run([sys.executable, '-c', RUN, str(nb), *skip], cwd=nb.parent, capture_output=True, text=True)
+    assert r.returncode == 0, f'{nb.relative_to(ROOT)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}'

@@ -1,7 +1,7 @@
 """The OpenAI-compatible policy server, driven over loopback by the unmodified `openai` client and raw httpx."""
 import json, re
 import httpx, openai, pytest
-from clawgym_nb.openai_server import serve, completion_chunks, split_policy_output
+from clawgym_nb.env.openai_server import serve, completion_chunks, split_policy_output
 
 TOOLS = [{'type': 'function', 'function': {'name': 'read', 'description': 'read a file',
           'parameters': {'type': 'object', 'properties': {'path': {'type': 'string'}}, 'required': ['path']}}}]

@@ -2,12 +2,12 @@
 import random, tempfile, warnings
 from concurrent.futures import ThreadPoolExecutor
 import pytest
-from clawgym_nb.opspec import OPERATIONS, task_from_ops
-from clawgym_nb.ops_files import op_context
-from clawgym_nb.ops_code import YAML_SUBSET_PARSER
-from clawgym_nb.agent import run_episode
-from clawgym_nb.grading import run_code_check
-import clawgym_nb.ops_files as ops_files, clawgym_nb.ops_code as ops_code
+from clawgym_nb.syndata.opspec import OPERATIONS, task_from_ops
+from clawgym_nb.syndata.ops_files import op_context
+from clawgym_nb.syndata.ops_code import YAML_SUBSET_PARSER
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.grading import run_code_check
+import clawgym_nb.syndata.ops_files as ops_files, clawgym_nb.syndata.ops_code as ops_code
 
 warnings.filterwarnings('ignore', message='.*NOT isolated.*')
 NAMES = sorted(n for n, o in OPERATIONS.items() if type(o).__module__ in (ops_files.__name__, ops_code.__name__))
@@ -72,7 +72,7 @@ def test_deterministic():
 
 def test_yaml_subset_parser_agrees_with_pyyaml():
     import yaml, json, re
-    from clawgym_nb.mock_docs import config_data, yaml_text
+    from clawgym_nb.syndata.mock_docs import config_data, yaml_text
     ns = {'json': json, 're': re}; exec(YAML_SUBSET_PARSER, ns)
     for s in range(20):
         d = config_data(random.Random(s), 'sales')

@@ -3,11 +3,11 @@ and a perturbed plan earns partial credit -- for every operation x 4 domains x 3
 import os, random, subprocess, tempfile
 from pathlib import Path
 import pytest
-from clawgym_nb.opspec import DOMAINS, OP_CATEGORIES, OPERATIONS, Context, Persona, Scenario, task_from_ops
-from clawgym_nb import ops_tabular
-from clawgym_nb.ops_tabular import TabularOp
-from clawgym_nb.agent import run_episode
-from clawgym_nb.grading import run_code_check
+from clawgym_nb.syndata.opspec import DOMAINS, OP_CATEGORIES, OPERATIONS, Context, Persona, Scenario, task_from_ops
+from clawgym_nb.syndata import ops_tabular
+from clawgym_nb.syndata.ops_tabular import TabularOp
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.grading import run_code_check
 
 OPS = sorted(n for n, o in OPERATIONS.items() if isinstance(o, TabularOp))
 SEEDS = (0, 1, 2)

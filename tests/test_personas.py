@@ -1,8 +1,8 @@
 import json, random
 import pytest
-from clawgym_nb.core import ClawError, shared_dir
-from clawgym_nb.opspec import Persona
-from clawgym_nb.personas import FakerPersonas, read_personas, persona_source
+from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.syndata.opspec import Persona
+from clawgym_nb.syndata.personas import FakerPersonas, read_personas, persona_source
 
 HUB = shared_dir() / 'data' / 'personahub' / 'tool-1k.jsonl'
 

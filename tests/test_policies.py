@@ -2,10 +2,10 @@
 real OpenAI-compatible HTTP endpoint (the project's own server), each driving a full episode."""
 import json
 import pytest
-from clawgym_nb.agent import run_episode
-from clawgym_nb.demo_tasks import make_demo_tasks
-from clawgym_nb.openai_server import serve
-from clawgym_nb.policies import HFPolicy, ScriptedPolicy, make_policy, parse_tool_calls
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.env.openai_server import serve
+from clawgym_nb.env.policies import HFPolicy, ScriptedPolicy, make_policy, parse_tool_calls
 
 TASK = make_demo_tasks(1, seed=3)[0]
 

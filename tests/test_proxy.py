@@ -1,9 +1,9 @@
 """The recording proxy over real loopback HTTP: openai client -> RecordingProxy -> OpenAI-compatible server."""
 import json, re, threading, time
 import httpx, openai, pytest
-from clawgym_nb.core import ClawError, read_jsonl
-from clawgym_nb.openai_server import serve, BackgroundServer, JSONHandler
-from clawgym_nb.proxy import RecordingProxy, session_file
+from clawgym_nb.core.basics import ClawError, read_jsonl
+from clawgym_nb.env.openai_server import serve, BackgroundServer, JSONHandler
+from clawgym_nb.env.proxy import RecordingProxy, session_file
 
 TOOLS = [{'type': 'function', 'function': {'name': 'exec', 'parameters': {'type': 'object', 'properties': {'cmd': {'type': 'string'}}}}}]
 

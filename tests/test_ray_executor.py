@@ -1,14 +1,14 @@
-"`--executor ray` (clawgym_nb.evaluate.run_parallel): evaluation and rollouts on a local Ray instance give the thread pool's results."
+"`--executor ray` (clawgym_nb.env.evaluate.run_parallel): evaluation and rollouts on a local Ray instance give the thread pool's results."
 import shutil, threading, time
 import pytest
-from clawgym_nb.core import ClawError, read_jsonl
+from clawgym_nb.core.basics import ClawError, read_jsonl
 from clawgym_nb.cli import main
-from clawgym_nb.demo_tasks import make_demo_tasks
-from clawgym_nb.evaluate import evaluate, run_parallel
-from clawgym_nb.policies import make_policy
-from clawgym_nb.sandbox import available_providers
-from clawgym_nb.synth import synthesize
-from clawgym_nb.teachers import rollouts
+from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.env.evaluate import evaluate, run_parallel
+from clawgym_nb.env.policies import make_policy
+from clawgym_nb.env.sandboxes import available_providers
+from clawgym_nb.syndata.synth import synthesize
+from clawgym_nb.agents.teachers import rollouts
 
 ray = pytest.importorskip('ray')
 PROVIDER = 'bwrap' if available_providers().get('bwrap') is None else 'local'

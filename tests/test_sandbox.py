@@ -1,4 +1,4 @@
-"""Security and reliability properties of the sandbox providers (clawgym_nb.sandbox).
+"""Security and reliability properties of the sandbox providers (clawgym_nb.env.sandbox).
 
 bwrap tests are skipped with a one-line reason where bubblewrap does not work; tests that need cgroups
 (fork bomb, memory) are skipped where the cgroup v1 pids hierarchy is not writable. The 1,000-episode leak
@@ -7,9 +7,9 @@ test is marked slow.
 import os, socket, subprocess, tempfile, time, uuid, warnings
 from pathlib import Path
 import pytest
-from clawgym_nb.core import WORKSPACE_MOUNT, ClawError
-from clawgym_nb.sandbox import (BwrapSandbox, LocalSandbox, PathEscapeError, SandboxLimits, available_providers,
-                                default_provider, make_sandbox, resolve_in_workspace, _cg_base)
+from clawgym_nb.core.basics import WORKSPACE_MOUNT, ClawError
+from clawgym_nb.env.sandbox import BwrapSandbox, LocalSandbox, PathEscapeError, SandboxLimits, resolve_in_workspace, _cg_base
+from clawgym_nb.env.sandboxes import available_providers, default_provider, make_sandbox
 
 warnings.filterwarnings('ignore', message=".*NOT isolated.*")
 BWRAP_WHY = BwrapSandbox.probe()

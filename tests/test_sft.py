@@ -1,15 +1,15 @@
-"""SFT on the tiny rung (clawgym_nb.sft): assistant-only labels on real batches, a short run that saves, resumes and loads,
+"""SFT on the tiny rung (clawgym_nb.agents.sft): assistant-only labels on real batches, a short run that saves, resumes and loads,
 and one-line errors for a missing checkpoint, a corrupt trajectory file and data that is all too long."""
 import contextlib, io, json, re, shutil
 from pathlib import Path
 import pytest
 from clawgym_nb.cli import main
-from clawgym_nb.core import ClawError, read_jsonl, write_jsonl
-from clawgym_nb.filtering import load_trajectories, write_sft_dataset
-from clawgym_nb.models import load_model, rung_label
-from clawgym_nb.sft import loss_token_report, make_sft_trainer, sft_examples, train_sft
-from clawgym_nb.synth import synthesize
-from clawgym_nb.teachers import rollouts
+from clawgym_nb.core.basics import ClawError, read_jsonl, write_jsonl
+from clawgym_nb.agents.filtering import load_trajectories, write_sft_dataset
+from clawgym_nb.agents.models import load_model, rung_label
+from clawgym_nb.agents.sft import loss_token_report, make_sft_trainer, sft_examples, train_sft
+from clawgym_nb.syndata.synth import synthesize
+from clawgym_nb.agents.teachers import rollouts
 
 QUIET = dict(log=lambda *a: None)
 FAST = dict(bf16=False, max_length=4096)   # fp32 is faster than bf16 autocast on a small CPU; the tiny rung takes 4,096 positions

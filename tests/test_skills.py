@@ -1,8 +1,8 @@
 import random
 import pytest
-from clawgym_nb import opspec
-from clawgym_nb.core import ClawError, shared_dir
-from clawgym_nb.skills import (Skill, load_skills, parse_skill, annotate, usable, filter_skills, skill_operations,
+from clawgym_nb.syndata import opspec
+from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.syndata.skills import (Skill, load_skills, parse_skill, annotate, usable, filter_skills, skill_operations,
                                sample_skill_combo, builtin_catalog, safe_excerpt, INJECTION_MARK, REASON_CLASSES)
 
 REAL = shared_dir() / 'data' / 'clawhub-skills'
@@ -127,7 +127,7 @@ def test_operations_degrade_and_combo():
 
 def test_grounded_in_registered_operations():
     try:
-        import clawgym_nb.ops_tabular, clawgym_nb.ops_files  # noqa: F401  (they register their operations)
+        import clawgym_nb.syndata.ops_tabular, clawgym_nb.syndata.ops_files  # noqa: F401  (they register their operations)
     except Exception as e:
         pytest.skip(f'operation modules not importable: {e}')
     if len(opspec.OPERATIONS) < 10: pytest.skip('fewer than 10 operations registered')

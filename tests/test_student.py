@@ -1,15 +1,15 @@
-"""The student's view and token stream (clawgym_nb.student) on the tiny rung: compact messages, template suffixes, the exact
+"""The student's view and token stream (clawgym_nb.agents.student) on the tiny rung: compact messages, template suffixes, the exact
 ids/mask of an episode, the context guard, `student:` policy specs; and the failure side of the policy interface: an
 `openai:` endpoint that never answers is a one-line PolicyError, a `policy_error` record in evaluate(), and re-run by retry_errors."""
 import json
 import pytest
-from clawgym_nb.core import ClawError, read_jsonl
-from clawgym_nb.agent import run_episode
-from clawgym_nb.policies import make_policy, parse_tool_calls
-from clawgym_nb.student import (MAX_TOOL_CHARS, STUDENT_SYSTEM, StudentPolicy, clip_tool_output, render_prompt, shared_generator,
+from clawgym_nb.core.basics import ClawError, read_jsonl
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.policies import make_policy, parse_tool_calls
+from clawgym_nb.agents.student import (MAX_TOOL_CHARS, STUDENT_SYSTEM, StudentPolicy, clip_tool_output, render_prompt, shared_generator,
                                 student_messages, student_policy, suffix_text)
-from clawgym_nb.synth import synthesize
-from clawgym_nb.tasks import load_tasks
+from clawgym_nb.syndata.synth import synthesize
+from clawgym_nb.env.tasks import load_tasks
 
 LONG = ''.join(f'line {i}: ' + 'x' * 40 + '\n' for i in range(100))   # ~4,900 characters
 CALL_ARGS = [{'command': 'ls -la'}, '{"path":   "input/a.csv"}', 'not json {', '', {'path': 'output/r.md', 'content': 'café ☕'}]
@@ -187,9 +187,9 @@ def test_shared_generator_is_one_per_spec_and_device(gen):
 # ---- the other side of the policy interface: an `openai:MODEL@URL` endpoint that never answers ----------------------------
 import functools, socket, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import clawgym_nb.policies as policies
-from clawgym_nb.evaluate import evaluate
-from clawgym_nb.policies import OpenAIPolicy, PolicyError
+import clawgym_nb.env.policies as policies
+from clawgym_nb.env.evaluate import evaluate
+from clawgym_nb.env.policies import OpenAIPolicy, PolicyError
 
 TIMEOUT_S = 2.0
 
@@ -287,7 +287,7 @@ def _three_episodes(g, owners, turns=3):
 
 
 def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen):
-    from clawgym_nb.student import Generator
+    from clawgym_nb.agents.student import Generator
     class Owner: pass
     cold, warm = Generator(gen.tok, gen.model, reuse_cache=False), Generator(gen.tok, gen.model, reuse_cache=True)
     owners = [Owner() for _ in range(3)]
@@ -303,7 +303,7 @@ def test_continuous_batching_matches_one_sequence_generate(gen):
     "Turns of different lengths and budgets decoded together (joining and leaving mid-batch, a sampled row among them) give, "
     "for every greedy row, the tokens transformers' own `generate` gives that prompt alone; second turns reuse the cache."
     import threading, torch
-    from clawgym_nb.student import Generator
+    from clawgym_nb.agents.student import Generator
     tok, model = gen.tok, gen.model
     g = Generator(tok, model)
     def alone(ids, n):
@@ -337,8 +337,8 @@ def test_continuous_batching_matches_one_sequence_generate(gen):
 def test_evaluate_resumes_only_with_the_same_weights(tmp_path, task):
     "Scores played by a model folder are resumed only while its weight files are the same (policy.json records their fingerprint)."
     import shutil, torch
-    from clawgym_nb.evaluate import evaluate
-    from clawgym_nb.models import load_model, tiny_model_dir
+    from clawgym_nb.env.evaluate import evaluate
+    from clawgym_nb.agents.models import load_model, tiny_model_dir
     m = tmp_path/'model'; shutil.copytree(tiny_model_dir(), m)
     spec, ev = f'student:{m}#max_new_tokens=8', tmp_path/'eval'
     evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)

@@ -1,9 +1,9 @@
-"""Tests for clawgym_nb.tasks: the ClawGym folder format, validation, atomic saves and the importers."""
+"""Tests for clawgym_nb.env.tasks: the ClawGym folder format, validation, atomic saves and the importers."""
 import json, os, shutil
 from pathlib import Path
 import pytest
-from clawgym_nb.core import ClawError, shared_dir
-from clawgym_nb.tasks import (Task, load_task, save_task, load_tasks, import_pinchbench, import_clawgym,
+from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.env.tasks import (Task, load_task, save_task, load_tasks, import_pinchbench, import_clawgym,
                               pinchbench_task, check_task)
 
 CHECK = '''import json, sys

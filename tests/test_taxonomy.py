@@ -1,8 +1,8 @@
 import random
 import pytest
-from clawgym_nb.opspec import BENCH_CATEGORIES, DOMAINS, Scenario
-from clawgym_nb.taxonomy import SCENARIOS, scenarios_for, sample_scenario
-from clawgym_nb.core import ClawError
+from clawgym_nb.syndata.opspec import BENCH_CATEGORIES, DOMAINS, Scenario
+from clawgym_nb.syndata.taxonomy import SCENARIOS, scenarios_for, sample_scenario
+from clawgym_nb.core.basics import ClawError
 
 
 def test_counts_and_coverage():

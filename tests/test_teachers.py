@@ -1,14 +1,14 @@
-"Scripted teachers (clawgym_nb.teachers): reproducible rollouts, rewards spanning [0, 1], resumable JSONL rollouts."
+"Scripted teachers (clawgym_nb.agents.teachers): reproducible rollouts, rewards spanning [0, 1], resumable JSONL rollouts."
 import importlib.util
 from collections import Counter
 import pytest
-from clawgym_nb.core import read_jsonl
-from clawgym_nb.personas import persona_source
-from clawgym_nb.synth import persona_task
-from clawgym_nb.demo_tasks import make_demo_tasks
-from clawgym_nb.agent import run_episode
-from clawgym_nb.policies import SCRIPTS, make_policy
-from clawgym_nb.teachers import TeacherPolicy, teacher_steps, rollouts, reward_summary, TEACHER_SPECS
+from clawgym_nb.core.basics import read_jsonl
+from clawgym_nb.syndata.personas import persona_source
+from clawgym_nb.syndata.synth import persona_task
+from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.env.agent import run_episode
+from clawgym_nb.env.policies import SCRIPTS, make_policy
+from clawgym_nb.agents.teachers import TeacherPolicy, teacher_steps, rollouts, reward_summary, TEACHER_SPECS
 
 PEOPLE = persona_source('faker', seed=0)
 TASKS = [persona_task(i, 3, PEOPLE)[0] for i in range(12)]

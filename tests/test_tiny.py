@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen3Config
 import trl.chat_template_utils as tcu
-from clawgym_nb.core import ClawError
-from clawgym_nb.tasks import Task
-from clawgym_nb.tiny import (QWEN3_TEMPLATE_NAME, SPECIAL_TOKENS, LABEL, trl_chat_template, train_tokenizer, tiny_corpus,
+from clawgym_nb.core.basics import ClawError
+from clawgym_nb.env.tasks import Task
+from clawgym_nb.agents.tiny import (QWEN3_TEMPLATE_NAME, SPECIAL_TOKENS, LABEL, trl_chat_template, train_tokenizer, tiny_corpus,
                              build_tiny, read_rung, with_yarn)
 
 TEXTS = ['def main():\n    print("hello world")\n    return 0\n', 'ls -la && cat notes.md | head -n 5',

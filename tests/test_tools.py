@@ -1,9 +1,9 @@
-"""OpenClaw coding tools through ToolBox (clawgym_nb.tools): every tool, alias, bound and model mistake."""
+"""OpenClaw coding tools through ToolBox (clawgym_nb.env.tools): every tool, alias, bound and model mistake."""
 import json, os, random, re, time
 import pytest
-from clawgym_nb.sandbox import make_sandbox, available_providers
-from clawgym_nb.tools import ToolBox, ToolResult, MAX_LINES, MAX_BYTES, TOOL_NAMES, truncate_tail
-from clawgym_nb.transcript import openai_to_openclaw
+from clawgym_nb.env.sandboxes import make_sandbox, available_providers
+from clawgym_nb.env.tools import ToolBox, ToolResult, MAX_LINES, MAX_BYTES, TOOL_NAMES, truncate_tail
+from clawgym_nb.env.transcript import openai_to_openclaw
 
 PROVIDERS = [p for p in ('local', 'bwrap') if available_providers().get(p) is None] or ['local']
 

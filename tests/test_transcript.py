@@ -1,9 +1,9 @@
-"""Transcript conversion: OpenAI chat messages <-> OpenClaw session events, lossless both ways (clawgym_nb.transcript)."""
+"""Transcript conversion: OpenAI chat messages <-> OpenClaw session events, lossless both ways (clawgym_nb.env.transcript)."""
 import json, random, re
 from pathlib import Path
 import pytest
-from clawgym_nb.core import ClawError, shared_dir
-from clawgym_nb.transcript import (openai_to_openclaw, openclaw_to_openai, save_openclaw_jsonl, load_openclaw_jsonl,
+from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.env.transcript import (openai_to_openclaw, openclaw_to_openai, save_openclaw_jsonl, load_openclaw_jsonl,
                                    final_message, tool_calls_in, SYSTEM_EVENT)
 
 ALPHABET = 'abc XYZ 019 \n\t"\\/{}[]:, é ß ü “” — 中文 日本 한국 🚀🦞 \u2028 \u2029 \x85 \x1c \x1e \u00a0 \x00 </s> <|im_end|>'

@@ -2,10 +2,10 @@
 import dataclasses, json
 from pathlib import Path
 import pytest
-from clawgym_nb.demo_tasks import make_demo_tasks, write_demo_store
-from clawgym_nb.sandbox import available_providers
-from clawgym_nb.tasks import pinchbench_reward_files, import_pinchbench
-from clawgym_nb.validate import validate_tasks, validate_store, format_report, near_duplicates, expected_leaks, batchable
+from clawgym_nb.env.demo_tasks import make_demo_tasks, write_demo_store
+from clawgym_nb.env.sandboxes import available_providers
+from clawgym_nb.env.tasks import pinchbench_reward_files, import_pinchbench
+from clawgym_nb.syndata.validate import validate_tasks, validate_store, format_report, near_duplicates, expected_leaks, batchable
 
 PROVIDER = 'bwrap' if available_providers().get('bwrap') is None else 'local'
 PB = Path('/work/shared/data/pinchbench')
@@ -106,9 +106,9 @@ def test_modes_agree():
 
 
 def test_llm_audit_with_a_judge_endpoint(tmp_path):
-    from clawgym_nb.llm import LLMClient
-    from clawgym_nb.openai_server import serve
-    from clawgym_nb.policies import assistant_message
+    from clawgym_nb.env.llm import LLMClient
+    from clawgym_nb.env.openai_server import serve
+    from clawgym_nb.env.policies import assistant_message
     def judge(messages, tools):
         bad = 'Mars' in messages[-1]['content']
         return assistant_message(json.dumps({'has_factual_error': bad, 'has_answer_leak': False,
