@@ -2,12 +2,12 @@
 import json
 from pathlib import Path
 import pytest
-from clawgym_nb.core.basics import shared_dir
+from clawgym_nb.core.basics import external_data, missing_data
 from clawgym_nb.env.tasks import Task, import_pinchbench, save_task
 from clawgym_nb.env.demo_tasks import make_demo_tasks
 from clawgym_nb.syndata.diversity import diversity_report, diversity_tables, distinct_n, jaccard, plot_diversity, shingles, write_diversity
 
-PINCHBENCH = shared_dir()/'data'/'pinchbench'/'tasks'
+PINCHBENCH = external_data('pinchbench')
 
 
 def _synth(n=60):
@@ -76,7 +76,7 @@ def test_empty_set(tmp_path):
     plot_diversity(r, tmp_path/'e.png')
 
 
-@pytest.mark.skipif(not PINCHBENCH.is_dir(), reason=f'PinchBench not found at {PINCHBENCH}')
+@pytest.mark.skipif(not PINCHBENCH.is_dir(), reason=str(missing_data('pinchbench')))
 def test_pinchbench(tmp_path):
     ids, errors = import_pinchbench(PINCHBENCH.parent, tmp_path/'pb')
     r = diversity_report(tmp_path/'pb', name='PinchBench')

@@ -2,7 +2,7 @@
 import json, math
 from pathlib import Path
 import pytest
-from clawgym_nb.core.basics import shared_dir
+from clawgym_nb.core.basics import external_data, missing_data
 from clawgym_nb.env.tasks import Task, import_pinchbench, load_tasks
 from clawgym_nb.env.grading import (grade_task, run_code_check, parse_reward_output, reward_payload, extract_json,
                                 RubricJudge, JudgeError, as_openclaw, final_message)
@@ -185,8 +185,8 @@ def test_extract_json():
 # ---- real PinchBench tasks: the do-nothing baseline, and two solved ones ----
 @pytest.fixture(scope='module')
 def pinchbench(tmp_path_factory):
-    pb = shared_dir()/'data'/'pinchbench'
-    if not (pb/'tasks').is_dir(): pytest.skip(f'PinchBench data not found under {pb}')
+    pb = external_data('pinchbench').parent
+    if missing_data('pinchbench'): pytest.skip(missing_data('pinchbench'))
     store = tmp_path_factory.mktemp('pb')
     import_pinchbench(pb, store)
     return {t.task_id: t for t in load_tasks(store)}

@@ -1,10 +1,10 @@
 import json, random
 import pytest
-from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.core.basics import ClawError, external_data, missing_data
 from clawgym_nb.syndata.opspec import Persona
 from clawgym_nb.syndata.personas import FakerPersonas, read_personas, persona_source
 
-HUB = shared_dir() / 'data' / 'personahub' / 'tool-1k.jsonl'
+HUB = external_data('personahub')
 
 
 def test_faker_deterministic():
@@ -46,7 +46,7 @@ def test_missing_file_and_source(tmp_path):
     with pytest.raises(ClawError, match='no usable persona'): persona_source(tmp_path / 'bad.jsonl')
 
 
-@pytest.mark.skipif(not HUB.exists(), reason=f'PersonaHub sample absent ({HUB})')
+@pytest.mark.skipif(not HUB.exists(), reason=str(missing_data('personahub')))
 def test_real_personahub_sample():
     errs = []
     ps = read_personas(HUB, errors=errs)

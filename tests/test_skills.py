@@ -1,11 +1,11 @@
 import random
 import pytest
 from clawgym_nb.syndata import opspec
-from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.core.basics import ClawError, external_data, missing_data
 from clawgym_nb.syndata.skills import (Skill, load_skills, parse_skill, annotate, usable, filter_skills, skill_operations,
                                sample_skill_combo, builtin_catalog, safe_excerpt, INJECTION_MARK, REASON_CLASSES)
 
-REAL = shared_dir() / 'data' / 'clawhub-skills'
+REAL = external_data('clawhub-skills')
 
 
 def put(root, rel, data):
@@ -33,7 +33,7 @@ OPS = {o.name: o for o in [
     _Op('analyse_logs', 'code_and_systems', 'analyse command output and logs', ('log', 'txt'))]}
 
 
-@pytest.mark.skipif(not REAL.exists(), reason=f'ClawHub sample absent ({REAL})')
+@pytest.mark.skipif(not REAL.exists(), reason=str(missing_data('clawhub-skills')))
 def test_all_real_skills_parse_or_one_line_error():
     errs = []
     sk = load_skills(REAL, errors=errs)
@@ -126,11 +126,8 @@ def test_operations_degrade_and_combo():
 
 
 def test_grounded_in_registered_operations():
-    try:
-        import clawgym_nb.syndata.ops_tabular, clawgym_nb.syndata.ops_files  # noqa: F401  (they register their operations)
-    except Exception as e:
-        pytest.skip(f'operation modules not importable: {e}')
-    if len(opspec.OPERATIONS) < 10: pytest.skip('fewer than 10 operations registered')
+    from clawgym_nb.syndata import ops_tabular, ops_files, ops_code  # noqa: F401  (they register their operations)
+    assert len(opspec.OPERATIONS) >= 10
     for s in load_skills(builtin_catalog()):
         ops = skill_operations(s)
         assert ops and set(ops) <= set(opspec.OPERATIONS), s.key

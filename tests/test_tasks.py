@@ -2,7 +2,7 @@
 import json, os, shutil
 from pathlib import Path
 import pytest
-from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.core.basics import ClawError, external_data, missing_data
 from clawgym_nb.env.tasks import (Task, load_task, save_task, load_tasks, import_pinchbench, import_clawgym,
                               pinchbench_task, check_task)
 
@@ -182,8 +182,8 @@ def test_pinchbench_check_py_runs(tmp_path):
     assert json.loads(r.stdout) == {'file': 0.0, 'said': 0.0}
 
 def test_import_real_pinchbench(tmp_path):
-    pb = shared_dir()/'data'/'pinchbench'
-    if not (pb/'tasks').is_dir(): pytest.skip(f'PinchBench data not found under {pb}')
+    pb = external_data('pinchbench').parent
+    if missing_data('pinchbench'): pytest.skip(missing_data('pinchbench'))
     ids, errs = import_pinchbench(pb, tmp_path)
     assert len(ids) == 22 and len(errs) == 1 and 'GPT4.pdf' in errs[0][1]
     ts = {t.task_id: t for t in load_tasks(tmp_path)}

@@ -2,7 +2,7 @@
 import json, random, re
 from pathlib import Path
 import pytest
-from clawgym_nb.core.basics import ClawError, shared_dir
+from clawgym_nb.core.basics import ClawError, external_data, missing_data
 from clawgym_nb.env.transcript import (openai_to_openclaw, openclaw_to_openai, save_openclaw_jsonl, load_openclaw_jsonl,
                                    final_message, tool_calls_in, SYSTEM_EVENT)
 
@@ -178,8 +178,8 @@ def test_save_is_atomic(tmp_path, monkeypatch):
 
 
 # --- real PinchBench graders on converted transcripts ---------------------------------------------------------------
-TASKS = shared_dir()/'data'/'pinchbench'/'tasks'
-need_pinchbench = pytest.mark.skipif(not TASKS.exists(), reason=f'PinchBench tasks not found at {TASKS}')
+TASKS = external_data('pinchbench')
+need_pinchbench = pytest.mark.skipif(bool(missing_data('pinchbench')), reason=str(missing_data('pinchbench')))
 
 def pinchbench_grade(name):
     src = (TASKS/name).read_text(encoding='utf-8').split('## Automated Checks', 1)[1]

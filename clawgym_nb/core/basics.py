@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['WORKSPACE_MOUNT', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json',
-           'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'shared_dir', 'git_commit',
-           'package_versions', 'machine_info']
+__all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'data_dir',
+           'external_data', 'missing_data', 'git_commit', 'package_versions', 'machine_info']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -115,9 +115,29 @@ def project_root(start:str|Path|None=None) -> Path:
             if (p/'settings.ini').exists() and (p/'clawgym_nb').is_dir(): return p
     return Path.cwd().resolve()
 
-def shared_dir() -> Path:
-    "The `shared/` folder with reference data (env `CLAWGYM_SHARED`, else `../shared` beside the project)."
-    return Path(os.environ.get('CLAWGYM_SHARED') or project_root().parent/'shared')
+EXTERNAL_DATA = {   # name -> (path inside the data folder, what it is and where it comes from)
+    'pinchbench': ('pinchbench/tasks', 'the PinchBench task files (github.com/pinchbench/skill, tasks/, MIT)'),
+    'pinchbench-assets': ('pinchbench/assets', "the files PinchBench's tasks attach (github.com/pinchbench/skill, assets/, MIT)"),
+    'clawhub-skills': ('clawhub-skills/skills', 'SKILL.md files from the public ClawHub skill archive (MIT)'),
+    'personahub': ('personahub/tool-1k.jsonl', "the first 1,000 lines of PersonaHub's tool.jsonl (huggingface.co/datasets/proj-persona/PersonaHub, CC BY-NC-SA 4.0)"),
+    'clawgym-train': ('clawgym-train/tasks', "ClawGym's 2,000 released training tasks (github.com/ClawGym/ClawGym-Agents, RL/data/clawgym_train, Apache-2.0)"),
+}
+
+def data_dir() -> Path:
+    "The folder of external data: `$CLAWGYM_DATA`, else `../shared/data` beside the clone."
+    return Path(os.environ.get('CLAWGYM_DATA') or project_root().parent/'shared'/'data')
+
+def external_data(name:str) -> Path:
+    "Where the external data set `name` (a key of `EXTERNAL_DATA`) is looked for."
+    if name not in EXTERNAL_DATA: raise ClawError(f'unknown data set {name!r}; known: {", ".join(EXTERNAL_DATA)}', field='name')
+    return data_dir()/EXTERNAL_DATA[name][0]
+
+def missing_data(name:str) -> str|None:
+    "None when the data set is there, else one sentence: what is missing, where it comes from, how to point at it."
+    p = external_data(name)
+    if p.exists(): return None
+    return (f'{EXTERNAL_DATA[name][1]} not found at {p}; set CLAWGYM_DATA to the folder that holds '
+            f'{EXTERNAL_DATA[name][0]} (README: External data)')
 
 # %% ../../nbs/core/00_basics.ipynb #397fa6b5
 def git_commit(root:str|Path|None=None) -> str|None:
