@@ -13,8 +13,8 @@ from ..env.tasks import Task, load_tasks
 from .opspec import BENCH_CATEGORIES
 
 # %% auto #0
-__all__ = ['words', 'ngrams', 'distinct_n', 'shingles', 'jaccard', 'diversity_report', 'diversity_tables', 'plot_diversity',
-           'write_diversity']
+__all__ = ['words', 'ngrams', 'distinct_n', 'shingles', 'jaccard', 'diversity_report', 'diversity_tables', 'diversity_figure',
+           'plot_diversity', 'write_diversity']
 
 # %% ../../nbs/syndata/07a_diversity.ipynb #3d71b5d6
 _WORD = re.compile(r"[\w']+", re.UNICODE)
@@ -138,14 +138,13 @@ def _barh(ax, counts:dict, title:str, top:int=20, color='#4C72B0', empty:str='no
     from matplotlib.ticker import MaxNLocator
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
-def plot_diversity(report:dict,              # From `diversity_report`
-                   path:str|Path,            # PNG to write (atomically)
-                   title:str|None=None       # Figure title (default: the set's name and size)
-                  ) -> Path:
-    "One figure: category bars, operation bars (top 20) and the pairwise-similarity histogram."
-    import io, matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+
+# %% ../../nbs/syndata/07a_diversity.ipynb #840e97ce
+def diversity_figure(report:dict,            # From `diversity_report`
+                     title:str|None=None     # Figure title (default: the set's name and size)
+                    ):
+    "One figure: category bars, operation bars (top 20) and the pairwise-similarity histogram (a matplotlib `Figure`, no pyplot state)."
+    from matplotlib.figure import Figure
     cats = report['counts']['bench_category']; nd = dict(report['n_distinct'])
     if set(cats) == {'unknown'}:  # no bench categories (e.g. imported PinchBench): show the tasks' own categories
         cat_title, cats, n_cat = 'Task category (no ClawGym-Bench category recorded)', report['counts']['category'], nd['category']
@@ -155,13 +154,13 @@ def plot_diversity(report:dict,              # From `diversity_report`
     ops = report['counts']['operation']
     n_ops = min(len(ops), 20); has_ops = set(ops) != {'unknown'}
     if has_ops:   # categories and similarity on the left, operations down the right
-        fig = plt.figure(figsize=(14, max(6, 0.3 * max(n_ops, len(cats)) + 3)), layout='constrained')
+        fig = Figure(figsize=(14, max(6, 0.3 * max(n_ops, len(cats)) + 3)), layout='constrained')
         gs = fig.add_gridspec(2, 2, width_ratios=[1, 1.1])
         ax_cat, ax = fig.add_subplot(gs[0, 0]), fig.add_subplot(gs[1, 0])
         _barh(fig.add_subplot(gs[:, 1]), ops, f'Atomic operations (top {n_ops} of {len(ops)})' if len(ops) > 20 else 'Atomic operations',
               color='#55A868')
     else:         # nothing to show for operations: two panels side by side, and the footer says so
-        fig = plt.figure(figsize=(14, max(5, 0.3 * len(cats) + 2.5)), layout='constrained')
+        fig = Figure(figsize=(14, max(5, 0.3 * len(cats) + 2.5)), layout='constrained')
         ax_cat, ax = fig.subplots(1, 2)
     _barh(ax_cat, cats, cat_title, color='#4C72B0')
     s = report['similarity']; e = s['bin_edges']; h = s['histogram']
@@ -180,7 +179,15 @@ def plot_diversity(report:dict,              # From `diversity_report`
     fig.suptitle(title or f"Diversity of {report['name']} ({report['n_tasks']} tasks)", fontsize=14, fontweight='bold')
     fig.supxlabel(f"instructions: {dn}   ·   distinct: {n_cat} categories, {nd['subcategory']} subcategories, "
                   f"{nd['operation']} operations, {nd['skill']} skills" + ('' if has_ops else '   ·   no operations recorded in task metadata'), fontsize=10, color='#333333')
-    buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=110); plt.close(fig)
+    return fig
+
+def plot_diversity(report:dict,              # From `diversity_report`
+                   path:str|Path,            # PNG to write (atomically)
+                   title:str|None=None       # Figure title (default: the set's name and size)
+                  ) -> Path:
+    "`diversity_figure` written as a PNG."
+    import io
+    buf = io.BytesIO(); diversity_figure(report, title).savefig(buf, format='png', dpi=110)
     return atomic_write_bytes(path, buf.getvalue())
 
 def write_diversity(report:dict,             # From `diversity_report`
