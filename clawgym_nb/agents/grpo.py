@@ -81,6 +81,44 @@ def _save_adapter(model, tok, opt, out:Path, state:dict):
     atomic_write_json(tmp/'state.json', state)
     replace_dir(tmp, out/'adapter')
 
+# %% ../../nbs/agents/06_grpo.ipynb #eba3c55d
+def _resume_state(out:Path, model:str, start:str) -> dict:
+    "The saved step to resume from ({'step': 0} for a fresh run), after checking it started from `model`; later log lines are dropped."
+    state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
+    if state['step']: require_same(state, {'start_model': start}, out/'adapter'/'state.json', 'the saved steps started from weights', f'{model} differs: use a fresh out_dir')
+    if not state['step'] and read_jsonl(out/'steps.jsonl'):
+        raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
+    for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone
+        rows = read_jsonl(out/name)
+        if any(r['step'] > state['step'] for r in rows): write_jsonl(out/name, [r for r in rows if r['step'] <= state['step']])
+    return state
+
+def _load_trainee(model:str, out:Path, state:dict, lora_r, lr:float, device:str):
+    "`(tokenizer, trainable model, AdamW)`: the start model (with a fresh LoRA adapter) or the saved step's weights and optimizer."
+    import torch
+    tok, base = load_model(str(out/'adapter') if state['step'] and not lora_r else model, device=device)
+    if lora_r:
+        from peft import LoraConfig, PeftModel, get_peft_model
+        if state['step']: net = PeftModel.from_pretrained(base, out/'adapter', is_trainable=True)
+        else: net = get_peft_model(base, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules='all-linear', task_type='CAUSAL_LM'))
+    else: net = base
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    if (out/'adapter'/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(out/'adapter'/'optimizer.pt'))
+    return tok, net, opt
+
+def _training_batch(jobs:list, eps:dict, group_size:int) -> tuple:
+    "Group the step's episodes by prompt: `(sequences with a non-zero advantage, rewards, infrastructure failures, zero-variance groups)`."
+    seqs, rewards, infra, zero_var = [], [], 0, 0
+    for g0 in range(0, len(jobs), group_size):
+        group = [(jobs[k][2], eps[k]) for k in range(g0, g0 + group_size)]
+        rs = [outcome_reward(e.record) for _, e in group]
+        infra += sum(1 for r in rs if r is None)
+        adv = group_advantages(rs)
+        if all(a in (None, 0.0) for a in adv): zero_var += 1
+        rewards += [r for r in rs if r is not None]
+        seqs += [(p.ids, p.mask, a) for (p, _), a in zip(group, adv) if a is not None and a != 0.0 and sum(p.mask)]
+    return seqs, rewards, infra, zero_var
+
 # %% ../../nbs/agents/06_grpo.ipynb #e0fa2228
 def grpo_train(model:str,                 # Starting point: an SFT model folder or a rung
                tasks,                     # Training tasks: a store folder or a list of `Task`
@@ -101,22 +139,9 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     bench, _ = as_tasks(bench_tasks, log) if bench_tasks is not None else ([], [])
     if not tasks: raise ClawError('no training tasks', field='tasks')
     torch.manual_seed(seed)
-    state = json.loads((out/'adapter'/'state.json').read_text()) if (out/'adapter'/'state.json').is_file() else {'step': 0}
     start = model_fingerprint(model)                # resumed steps must continue from the same starting weights
-    if state['step']: require_same(state, {'start_model': start}, out/'adapter'/'state.json', 'the saved steps started from weights', f'{model} differs: use a fresh out_dir')
-    if not state['step'] and read_jsonl(out/'steps.jsonl'):
-        raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
-    for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone
-        rows = read_jsonl(out/name)
-        if any(r['step'] > state['step'] for r in rows): write_jsonl(out/name, [r for r in rows if r['step'] <= state['step']])
-    tok, base = load_model(str(out/'adapter') if state['step'] and not lora_r else model, device=device)
-    if lora_r:
-        from peft import LoraConfig, PeftModel, get_peft_model
-        if state['step']: net = PeftModel.from_pretrained(base, out/'adapter', is_trainable=True)
-        else: net = get_peft_model(base, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, target_modules='all-linear', task_type='CAUSAL_LM'))
-    else: net = base
-    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
-    if (out/'adapter'/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(out/'adapter'/'optimizer.pt'))
+    state = _resume_state(out, model, start)
+    tok, net, opt = _load_trainee(model, out, state, lora_r, lr, device)
     gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu')   # CPU decoding is faster in float32
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
@@ -133,15 +158,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         net.eval()
         eps = dict(run_parallel(lambda k, t, p: (k, run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s)), jobs, workers, progress=False))
         t_roll = time.monotonic() - t0; gen_s = gen.busy_s - busy0
-        seqs, rewards, infra, zero_var = [], [], 0, 0
-        for g0 in range(0, len(jobs), group_size):
-            group = [(jobs[k][2], eps[k]) for k in range(g0, g0 + group_size)]
-            rs = [outcome_reward(e.record) for _, e in group]
-            infra += sum(1 for r in rs if r is None)
-            adv = group_advantages(rs)
-            if all(a in (None, 0.0) for a in adv): zero_var += 1
-            rewards += [r for r in rs if r is not None]
-            seqs += [(p.ids, p.mask, a) for (p, _), a in zip(group, adv) if a is not None and a != 0.0 and sum(p.mask)]
+        seqs, rewards, infra, zero_var = _training_batch(jobs, eps, group_size)
         t1 = time.monotonic(); net.train(); opt.zero_grad()
         st = grpo_loss(net, seqs, clip_low=clip_low, clip_high=clip_high, micro_batch=micro_batch, autocast=bf16) if seqs else {'loss': 0.0, 'tokens': 0, 'entropy': None, 'clipped': 0}
         if seqs: torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0); opt.step()

@@ -107,6 +107,29 @@ def _load_train_hashes(train_dirs, log) -> tuple[set, int]:
         hashes.update(content_hash(t) for t in tasks); n += len(tasks)
     return hashes, n
 
+# %% ../../nbs/syndata/07_bench.ipynb #6e1aab2a
+def _candidates(pool:list, train_hashes:set, dropped:dict) -> tuple[dict, list]:
+    "Content hash of every pool task and the candidates: neither a duplicate, nor a training task, nor without a benchmark category."
+    hashes, first, cands = {}, {}, []
+    for t in pool:                                   # sorted by id: the first id of a duplicate group is kept
+        h = hashes[t.task_id] = content_hash(t)
+        if h in first: dropped['duplicate'].append(t.task_id)
+        elif h in train_hashes: first[h] = t.task_id; dropped['overlap_with_train'].append(t.task_id)
+        elif bench_category(t) is None: first[h] = t.task_id; dropped['no_bench_category'].append(t.task_id)
+        else: first[h] = t.task_id; cands.append(t)
+    return hashes, cands
+
+def _eligible(cands:list, scores:dict, policies:list, solve_threshold:float, floor:float, dropped:dict) -> dict:
+    "The difficulty filter: category -> ids of the tasks some policy solves and some does not (the rest go to `dropped`)."
+    eligible = {}
+    for t in cands:
+        s = [scores[p][t.task_id] for p in policies]
+        if any(x is None for x in s): dropped['unscored'].append(t.task_id)
+        elif all(x >= solve_threshold for x in s): dropped['all_solve'].append(t.task_id)
+        elif all(x <= floor for x in s): dropped['none_solve'].append(t.task_id)
+        else: eligible.setdefault(bench_category(t), []).append(t.task_id)
+    return eligible
+
 # %% ../../nbs/syndata/07_bench.ipynb #6eee47d0
 def build_benchmark(pool_dir:str|Path,            # Task store of candidate tasks (ClawGym folders)
                     policies:list[str],           # Policy specs pitted against each other, e.g. ['scripted:weak', 'openai:big@URL']
@@ -136,13 +159,7 @@ def build_benchmark(pool_dir:str|Path,            # Task store of candidate task
     for f, e in load_errors: log(f'pool: skipped: {e}')
     train_hashes, n_train = _load_train_hashes(train_dirs, log)
     dropped = {r: [] for r in DROP_REASONS}
-    hashes, first, cands = {}, {}, []
-    for t in pool:                                   # sorted by id: the first id of a duplicate group is kept
-        h = hashes[t.task_id] = content_hash(t)
-        if h in first: dropped['duplicate'].append(t.task_id)
-        elif h in train_hashes: first[h] = t.task_id; dropped['overlap_with_train'].append(t.task_id)
-        elif bench_category(t) is None: first[h] = t.task_id; dropped['no_bench_category'].append(t.task_id)
-        else: first[h] = t.task_id; cands.append(t)
+    hashes, cands = _candidates(pool, train_hashes, dropped)
     scores = {p: {} for p in policies}
     for p, name in zip(policies, names):
         if not cands: break
@@ -151,13 +168,7 @@ def build_benchmark(pool_dir:str|Path,            # Task store of candidate task
                  progress=progress, retry_errors=True, log=lambda *a: None)  # infrastructure errors of an earlier build are re-run
         recs = {r['task_id']: r for r in read_jsonl(runs/name/'scores.jsonl')}
         scores[p] = {t.task_id: recs.get(t.task_id, {}).get('final_score') for t in cands}
-    eligible = {}
-    for t in cands:
-        s = [scores[p][t.task_id] for p in policies]
-        if any(x is None for x in s): dropped['unscored'].append(t.task_id)
-        elif all(x >= solve_threshold for x in s): dropped['all_solve'].append(t.task_id)
-        elif all(x <= floor for x in s): dropped['none_solve'].append(t.task_id)
-        else: eligible.setdefault(bench_category(t), []).append(t.task_id)
+    eligible = _eligible(cands, scores, policies, solve_threshold, floor, dropped)
     chosen, stats = balance(eligible, n, seed=seed, strict=strict)
     keep = {i for ids in chosen.values() for i in ids}
     dropped['category_overflow'] = sorted(i for ids in eligible.values() for i in ids if i not in keep)

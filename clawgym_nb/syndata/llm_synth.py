@@ -219,6 +219,7 @@ def _reason(e:Exception) -> str|None:
     if isinstance(e, LLMError): return 'invalid_json' if 'no valid JSON' in str(e) else None
     return 'build_error'
 
+# %% ../../nbs/syndata/05b_llm_synth.ipynb #becc8ff8
 def llm_synthesize(n:int,                     # Tasks to attempt
                    seed:int,                  # Run seed: task i depends only on (seed, i) and the model's replies
                    out_dir:str|Path,          # Task store (ClawGym folders, index.jsonl, rejected.jsonl, synth.json)

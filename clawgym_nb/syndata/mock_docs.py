@@ -326,6 +326,7 @@ def average_rating(scores):
 ''', hidden='assert m.average_rating([None, 2]) == 2.0\nassert m.average_rating([1, 2, None, None]) == 1.5'),
 ]
 
+# %% ../../nbs/syndata/04_mock_docs.ipynb #feae7f26
 def python_project(rng:random.Random, domain:str) -> dict:
     "A module with one planted bug and its unittest file: {'files': {name: text}, 'facts': {module, test_file, old, new, hidden, fn}}."
     t = rng.choice(_PY_TEMPLATES); noun = rng.choice(kit(domain)['words']).lower()

@@ -106,6 +106,7 @@ def _first_para(body:str) -> str:
         if len(p) > 20: return p[:300]
     return ''
 
+# %% ../../nbs/syndata/02b_skills.ipynb #117d914b
 def parse_skill(path:str|Path,          # A SKILL.md file
                 root:str|Path|None=None # Catalog root, to tell skills/<owner>/<slug> from <slug>
                ) -> Skill:
