@@ -54,3 +54,13 @@ def test_real_personahub_sample():
     assert len({p.occupation for p in ps}) > 500
     src = persona_source(HUB)
     assert src.sample(random.Random(0)).source.startswith('personahub:')
+
+
+def test_faker_personas_do_not_depend_on_the_hash_seed():
+    "Task i must be the same in every process: Faker's it_IT city list comes from a set, whose order follows PYTHONHASHSEED."
+    import os, subprocess, sys
+    code = ('import hashlib, json; from clawgym_nb.syndata.personas import FakerPersonas; p = FakerPersonas(3); '
+            'print(hashlib.sha256(json.dumps([p.persona(i).text for i in range(2000)]).encode()).hexdigest())')
+    out = {subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True,
+                          env={**os.environ, 'PYTHONHASHSEED': h}).stdout for h in ('1', '2')}
+    assert len(out) == 1, out

@@ -39,6 +39,9 @@ class FakerPersonas:
         from faker import Faker              # imported lazily: only this source needs it
         self.seed, self.locales = seed, tuple(locales)
         self._fake = Faker(list(self.locales) + (['en_US'] if 'en_US' not in self.locales else []))
+        for loc in self._fake.locales:   # Faker's it_IT builds `cities` from a set: its order (and the city a seed picks)
+            for p in self._fake[loc].providers:   # would change with Python's hash seed from one process to the next
+                if isinstance(getattr(p, 'cities', None), list): p.cities = sorted(p.cities)
 
     def persona(self, i:int) -> Persona:
         "The `i`-th persona of this source."

@@ -112,6 +112,34 @@ def _build(args):
 
 def _build_many(args_list): return [_build(a) for a in args_list]
 
+# %% ../../nbs/syndata/05a_synth.ipynb #1b31cf1f
+def _known_operations(operations:list|None) -> list|None:
+    "The allow-list of operations, sorted; an unknown name or an empty list is a one-line error."
+    if operations is None: return None
+    unknown = sorted(set(operations) - set(OPERATIONS))
+    if unknown or not operations: raise ClawError(f'unknown operation(s) {unknown} (known: {", ".join(sorted(OPERATIONS))})' if unknown else 'empty operation list', field='operations')
+    return sorted(operations)
+
+def _keep_or_reject(built:list, out:Path, counts:dict, validate:bool, provider:str, workers:int, dedup_threshold:float) -> list:
+    "Validate one chunk of built tasks by running them; write each kept task and its index line, or its rejection. Returns the validation summaries."
+    index_p, rej_p = out/'index.jsonl', out/'rejected.jsonl'
+    tasks = [b for b in built if b[1] is not None]; counts['generated'] += len(tasks)
+    for i, _, rec, err in built:
+        if err: append_jsonl(rej_p, {**rec, 'problems': [{'code': 'build_error', 'message': err}]}); counts['rejected'] += 1
+    verdict, vsum = {}, []
+    if validate and tasks:
+        rep = validate_tasks([b[1] for b in tasks], provider=provider, workers=workers, progress=False,
+                             dedup_threshold=dedup_threshold, log=lambda *a: None)
+        verdict = {r['task_id']: r for r in rep['tasks']}; vsum.append(rep['summary'])
+    for i, t, rec, _ in tasks:
+        v = verdict.get(t.task_id)
+        if v is not None and v['problems']:
+            append_jsonl(rej_p, {**rec, 'problems': v['problems']}); counts['rejected'] += 1; continue
+        save_task(t, out/t.task_id)
+        append_jsonl(index_p, {**rec, 'validation': None if v is None else {k: v[k] for k in ('reference_score', 'noop_score', 'grader_ok')}})
+        counts['kept'] += 1
+    return vsum
+
 # %% ../../nbs/syndata/05a_synth.ipynb #2c884943
 def synthesize(route:str,                  # persona | skill | mixed
                n:int,                      # Tasks to generate (before validation)
@@ -138,10 +166,7 @@ def synthesize(route:str,                  # persona | skill | mixed
         return llm_synthesize(n, seed, out_dir, client, personas=personas, n_ops=n_ops, provider=provider, validate=validate,
                               progress=progress, log=log)
     mix = dict(mix or {'persona': 0.5}); out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    if operations is not None:
-        unknown = sorted(set(operations) - set(OPERATIONS))
-        if unknown or not operations: raise ClawError(f'unknown operation(s) {unknown} (known: {", ".join(sorted(OPERATIONS))})' if unknown else 'empty operation list', field='operations')
-        operations = sorted(operations)
+    operations = _known_operations(operations)
     skills_spec = (skills or 'builtin') if route in ('skill', 'mixed') else None
     persona_errors = []
     persona_source(personas, seed=seed, errors=persona_errors)          # bad lines: one line each, the run goes on
@@ -162,31 +187,16 @@ def synthesize(route:str,                  # persona | skill | mixed
     if progress and todo:
         from tqdm.auto import tqdm
         bar = tqdm(total=len(todo), desc=f'synth {route}', unit='task')
-    vsum = []
     chunks = [todo[c:c + chunk] for c in range(0, len(todo), chunk)]
     with ProcessPoolExecutor(max(1, workers), initializer=_init_worker, initargs=(personas, seed, skills_spec)) as pool:
         def submit(idx):   # generation of the next chunk runs while this one is validated
             parts = [idx[k::2 * workers] for k in range(2 * workers)]
             return [pool.submit(_build_many, [(i, seed, route, mix, n_ops, operations) for i in p]) for p in parts if p]
-        futs = submit(chunks[0]) if chunks else []
+        futs, vsum = submit(chunks[0]) if chunks else [], []
         for k, idx in enumerate(chunks):
             built = sorted((b for f in futs for b in f.result()), key=lambda b: b[0])
             futs = submit(chunks[k + 1]) if k + 1 < len(chunks) else []
-            tasks = [b for b in built if b[1] is not None]; counts['generated'] += len(tasks)
-            for i, _, rec, err in built:
-                if err: append_jsonl(rej_p, {**rec, 'problems': [{'code': 'build_error', 'message': err}]}); counts['rejected'] += 1
-            verdict = {}
-            if validate and tasks:
-                rep = validate_tasks([b[1] for b in tasks], provider=provider, workers=workers, progress=False,
-                                     dedup_threshold=dedup_threshold, log=lambda *a: None)
-                verdict = {r['task_id']: r for r in rep['tasks']}; vsum.append(rep['summary'])
-            for i, t, rec, _ in tasks:
-                v = verdict.get(t.task_id)
-                if v is not None and v['problems']:
-                    append_jsonl(rej_p, {**rec, 'problems': v['problems']}); counts['rejected'] += 1; continue
-                save_task(t, out/t.task_id)
-                append_jsonl(index_p, {**rec, 'validation': None if v is None else {k: v[k] for k in ('reference_score', 'noop_score', 'grader_ok')}})
-                counts['kept'] += 1
+            vsum += _keep_or_reject(built, out, counts, validate, provider, workers, dedup_threshold)
             if bar: bar.update(len(idx))
     if bar: bar.close()
     dropped = drop_near_duplicates(out, dedup_threshold) if validate else 0
@@ -206,6 +216,7 @@ def synthesize(route:str,                  # persona | skill | mixed
         f"in {wall:.1f} s ({summary['this_call']['tasks_per_s']} tasks/s)")
     return summary
 
+# %% ../../nbs/syndata/05a_synth.ipynb #858e716b
 def _skill_report(spec:str, out:Path, log) -> dict:
     "Annotate and filter a skill catalog once; every skill's verdict goes to skills.jsonl, broken files are one line each."
     errors = []
