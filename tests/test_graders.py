@@ -1,10 +1,17 @@
 """The grader functions (nbs/syndata/01a_graders.ipynb): each one on a right, a wrong and a missing output; `grade`'s
-clipping and error handling."""
-import json, math, subprocess, tempfile, warnings
+clipping and error handling; and a synthesised task written to disk grading through reward.sh in a real sandbox exactly
+as `graders.grade` does in-process."""
+import json, math, random, subprocess, tempfile, warnings
 from pathlib import Path
 import pytest
 from clawgym_nb.syndata import graders
 from clawgym_nb.syndata.graders import GRADERS, grade
+from clawgym_nb.syndata.opspec import OPERATIONS, task_from_ops
+from clawgym_nb.syndata.ops_files import op_context
+import clawgym_nb.syndata.ops_tabular, clawgym_nb.syndata.ops_code   # register every operation
+from clawgym_nb.env.tasks import load_task, save_task
+from clawgym_nb.env.grading import run_code_check
+from clawgym_nb.env.sandboxes import default_provider
 
 warnings.filterwarnings('ignore', message='.*NOT isolated.*')
 
@@ -143,3 +150,36 @@ def test_the_module_is_stdlib_only():
     assert r.returncode == 0 and int(r.stdout) == len(GRADERS), r.stderr
     assert '/root/.openclaw' not in src    # the local sandbox rewrites that path in reward files
 
+
+def play(ws:Path, actions:list):
+    "The reference actions on a host folder (exec with bash, write, edit), as the batched validation plays them."
+    for a in actions:
+        if 'tool' not in a: continue
+        args = a['args']
+        if a['tool'] == 'exec': subprocess.run(['bash', '-c', args['command']], cwd=ws, capture_output=True, timeout=60)
+        elif a['tool'] == 'write':
+            p = ws / args['path']; p.parent.mkdir(parents=True, exist_ok=True); p.write_text(args['content'], encoding='utf-8')
+        elif a['tool'] == 'edit':
+            p = ws / args['path']; p.write_text(p.read_text(encoding='utf-8').replace(args['oldText'], args['newText'], 1), encoding='utf-8')
+        else: raise AssertionError(a)
+
+def test_a_task_folder_grades_through_reward_sh_as_in_process(tmp_path):
+    "Every operation: its task saved to disk and loaded back, graded by reward.sh in a sandbox = `graders.grade` in-process."
+    provider, seen = default_provider(), []
+    for k, (name, op) in enumerate(sorted(OPERATIONS.items())):
+        ctx = op_context(['sales', 'health', 'software', 'travel'][k % 4], k); res = op.build(ctx)
+        t = task_from_ops(f'{name}_t', ctx, [res], [op])
+        save_task(t, tmp_path / 'tasks' / t.task_id); loaded = load_task(tmp_path / 'tasks' / t.task_id)
+        assert loaded.reward_files == t.reward_files and sorted(t.reward_files) == ['check.py', 'criteria.json', 'graders.py', 'reward.sh']
+        bad = op.perturb(res.plan, random.Random(k))
+        for label, actions in (('reference', res.actions), ('perturbed', op.reference(bad) if bad else None), ('noop', [])):
+            if actions is None: continue
+            ws = workspace({p: b for p, b in t.files.items()}); play(ws, actions)
+            want = grade(json.loads(loaded.reward_files['criteria.json']), [], ws)
+            got = run_code_check(loaded, ws, [], provider=provider)
+            assert got['error_class'] is None, (name, label, got['error'], got['grader_stderr'])
+            assert got['subscores'] == want, (name, label, got['subscores'], want)
+            assert math.isclose(got['code_score'], sum(want.values()) / len(want)), (name, label)
+            seen.append((name, label, got['code_score']))
+    assert len({n for n, _, _ in seen}) == 22 and any(0 < s < 1 for _, l, s in seen if l == 'perturbed')
+    assert all(s == 1.0 for _, l, s in seen if l == 'reference') and all(s == 0.0 for _, l, s in seen if l == 'noop')
