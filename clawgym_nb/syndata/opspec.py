@@ -142,11 +142,14 @@ def check_criterion(c:Criterion) -> Criterion:
 CHECK_PY = """
 # The grader of a clawgym-nb task: it scores the criteria listed in criteria.json with the functions of graders.py
 # (a verbatim copy of the module clawgym_nb.syndata.graders); both files lie beside this one.
-import json, os, types
+import hashlib, json, os, sys, types
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-graders = types.ModuleType('graders')   # graders.py from this folder, loaded without writing a bytecode cache beside it
-with open(os.path.join(_HERE, 'graders.py'), encoding='utf-8') as f: exec(compile(f.read(), f.name, 'exec'), vars(graders))
+with open(os.path.join(_HERE, 'graders.py'), 'rb') as f: _src = f.read()
+_name = 'clawgym_graders_' + hashlib.sha256(_src).hexdigest()[:16]   # loaded once per interpreter and version, no .pyc written
+graders = sys.modules.get(_name)
+if graders is None:
+    graders = types.ModuleType(_name); exec(compile(_src, f.name, 'exec'), vars(graders)); sys.modules[_name] = graders
 with open(os.path.join(_HERE, 'criteria.json'), encoding='utf-8') as f: CRITERIA = json.load(f)
 
 def grade(transcript, workspace_path):
