@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from clawgym_nb.syndata.opspec import OPERATIONS, task_from_ops
 from clawgym_nb.syndata.ops_files import op_context
-from clawgym_nb.syndata.ops_code import YAML_SUBSET_PARSER
+from clawgym_nb.syndata.graders import yaml_subset
 from clawgym_nb.env.agent import run_episode
 from clawgym_nb.env.grading import run_code_check
 import clawgym_nb.syndata.ops_files as ops_files, clawgym_nb.syndata.ops_code as ops_code
@@ -71,10 +71,9 @@ def test_deterministic():
         assert a.instruction == b.instruction and a.actions == b.actions
 
 def test_yaml_subset_parser_agrees_with_pyyaml():
-    import yaml, json, re
+    import yaml
     from clawgym_nb.syndata.mock_docs import config_data, yaml_text
-    ns = {'json': json, 're': re}; exec(YAML_SUBSET_PARSER, ns)
     for s in range(20):
         d = config_data(random.Random(s), 'sales')
-        assert ns['_yaml'](yaml_text(d, {'server': 'c'})) == d
-        assert ns['_yaml'](yaml.safe_dump(d, sort_keys=False)) == d     # PyYAML's own style (indentless lists)
+        assert yaml_subset(yaml_text(d, {'server': 'c'})) == d
+        assert yaml_subset(yaml.safe_dump(d, sort_keys=False)) == d     # PyYAML's own style (indentless lists)

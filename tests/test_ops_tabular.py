@@ -1,6 +1,6 @@
 """Tabular atomic operations: reference scores 1, do-nothing 0, graders survive an empty workspace, no answer leaks,
 and a perturbed plan earns partial credit -- for every operation x 4 domains x 3 seeds."""
-import os, random, subprocess, tempfile
+import os, random, shutil, subprocess, tempfile
 from pathlib import Path
 import pytest
 from clawgym_nb.syndata.opspec import DOMAINS, OP_CATEGORIES, OPERATIONS, Context, Persona, Scenario, task_from_ops
@@ -23,8 +23,10 @@ def build(name, domain, seed):
     return op, r, task_from_ops(f'{name}_{domain}_{seed}', ctx, [r], [op])
 
 def grade_inproc(task, actions=None):
-    "Materialise the inputs, run the exec actions with bash, grade with check.py in-process (fast path)."
-    ns = {'__name__': 'check'}; exec(task.reward_files['check.py'].decode(), ns)
+    "Materialise the inputs, run the exec actions with bash, grade with the task's check.py in-process (fast path)."
+    reward = Path(tempfile.mkdtemp())
+    for rel, data in task.reward_files.items(): (reward / rel).write_bytes(data)
+    ns = {'__name__': 'check', '__file__': str(reward / 'check.py')}; exec(task.reward_files['check.py'].decode(), ns)
     with tempfile.TemporaryDirectory() as d:
         ws = Path(d)
         for p, b in task.files.items(): (ws / p).parent.mkdir(parents=True, exist_ok=True); (ws / p).write_bytes(b)
@@ -42,6 +44,7 @@ def grade_inproc(task, actions=None):
                 assert res.returncode == 0, res.stderr
         made = {str(p.relative_to(ws)) for p in ws.rglob('*') if p.is_file()} - {str(p.relative_to(ws)) for p in before}
         subs = ns['grade']([], str(ws))
+    shutil.rmtree(reward)
     return subs, made
 
 def test_registry():

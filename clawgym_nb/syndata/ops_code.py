@@ -4,52 +4,16 @@
 
 # %% ../../nbs/syndata/04b_ops_code.ipynb #b9a8121d
 from __future__ import annotations
-import json, re, shlex, textwrap
+import json, re, shlex
 from pathlib import Path
-from .opspec import Context, OpResult, register_op
+from .opspec import Context, Criterion, OpResult, register_op
 from .mock_docs import kit, sentences, config_data, yaml_text, get_path, set_path, python_project, app_log
-from .ops_files import FileOp, _crit, _sh, _py, _mkdir_for
+from .ops_files import FileOp, _sh, _py, _mkdir_for
 
 # %% auto #0
-__all__ = ['YAML_SUBSET_PARSER', 'LOGFILTER_PY', 'FixConfig', 'FixCodeRunTests', 'RunScriptCapture', 'AnalyseLogs']
+__all__ = ['LOGFILTER_PY', 'FixConfig', 'FixCodeRunTests', 'RunScriptCapture', 'AnalyseLogs']
 
 # %% ../../nbs/syndata/04b_ops_code.ipynb #bcc3a72f
-YAML_SUBSET_PARSER = r'''
-def _yaml(t):
-    def sc(v):
-        v = v.strip()
-        if len(v) >= 2 and v[0] == v[-1] == '"': return json.loads(v)
-        if len(v) >= 2 and v[0] == v[-1] == "'": return v[1:-1]
-        lv = v.lower()
-        if lv in ('true', 'yes', 'on'): return True
-        if lv in ('false', 'no', 'off'): return False
-        if lv in ('null', '~', ''): return None
-        for f in (int, float):
-            try: return f(v)
-            except ValueError: pass
-        return v
-    root = {}; stack = [[-1, root, None, None]]
-    for raw in t.splitlines():
-        if not raw.strip() or raw.lstrip().startswith('#') or raw.strip() in ('---', '...'): continue
-        line = raw if ('"' in raw or "'" in raw) else re.sub(r'\s+#.*$', '', raw)
-        ind = len(line) - len(line.lstrip(' ')); s = line.strip()
-        while len(stack) > 1 and ind <= stack[-1][0]:
-            if s.startswith('-') and ind == stack[-1][0] and (stack[-1][1] == {} or isinstance(stack[-1][1], list)): break
-            stack.pop()
-        top = stack[-1]
-        if s.startswith('-'):
-            if isinstance(top[1], dict):
-                if top[1] or top[2] is None: raise ValueError('list item inside a mapping')
-                top[1] = []; top[2][top[3]] = top[1]
-            top[1].append(sc(s[1:])); continue
-        if ':' not in s or isinstance(top[1], list): raise ValueError('not a key: value line')
-        k, _, v = s.partition(':'); k = k.strip().strip('"\'')
-        if v.strip() == '':
-            new = {}; top[1][k] = new; stack.append([ind, new, top[1], k])
-        else: top[1][k] = sc(v)
-    return root
-'''
-
 _CFG_KEYS = {'server.port': [8443, 8081, 9443], 'retry.max_attempts': [6, 7, 8], 'server.timeout_s': [45, 90, 120],
              'database.pool_size': [25, 30, 40], 'features.audit_log': None, 'server.workers': [12, 16]}
 
@@ -75,18 +39,9 @@ class FixConfig(FileOp):
         ins = (f'{cfg} must follow the required settings in {rb}, but exactly one value differs. Fix that value in place '
                f'(same type as the requirement), change nothing else, and keep the file valid {fmt.upper()}.')
         fixed = set_path(data, key, good)
-        parse = ("d = json.loads(_txt(ws / cfg) or 'null')" if fmt == 'json' else YAML_SUBSET_PARSER + "\nd = _yaml(_txt(ws / cfg) or '')")
-        crit = [_crit('value_fixed', parse + textwrap.dedent('''
-            cur = d
-            for p in key.split('.'): cur = cur[p]
-            return float(type(cur) is type(good) and cur == good)'''), cfg=cfg, key=key, good=good),
-                _crit('rest_unchanged', parse + textwrap.dedent('''
-            if _txt(ws / cfg) == original: return 0.0
-            cur = d; parts = key.split('.')
-            for p in parts[:-1]: cur = cur[p]
-            if parts[-1] not in cur: return 0.0
-            cur[parts[-1]] = good
-            return float(d == fixed)'''), cfg=cfg, key=key, good=good, fixed=fixed, original=text)]
+        crit = [Criterion('value_fixed', 'config_value', {'path': cfg, 'fmt': fmt, 'key': key, 'want': good}),
+                Criterion('rest_unchanged', 'config_rest_unchanged', {'path': cfg, 'fmt': fmt, 'key': key, 'want': good, 'fixed': fixed,
+                                                                     'original': text})]
         old_line = [l for l in text.splitlines() if (f'"{key.split(".")[-1]}":' if fmt == 'json' else f' {key.split(".")[-1]}:') in l]
         plan = {'file': cfg, 'fmt': fmt, 'key': key, 'value': good, 'old_line': old_line[0], 'quote': False}
         return self.result(ins, crit, plan, [cfg], expected=[v(good)] if len(v(good)) >= 3 else [], difficulty=2)
@@ -118,28 +73,11 @@ class FixCodeRunTests(FileOp):
                f'`python3 -m unittest` run inside {proj}/ passes, then save the complete output of that passing run '
                f'(unittest writes it to stderr) to {out}.')
         mod, test = f'{proj}/{f["module"]}.py', f'{proj}/{f["test_file"]}'
-        run = '''
-            import subprocess, sys
-            def _run(args):
-                try:
-                    return subprocess.run([sys.executable] + args, cwd=str(ws / proj), capture_output=True, text=True, timeout=60,
-                                          env={**os.environ, 'PYTHONDONTWRITEBYTECODE': '1'}).returncode
-                except Exception: return -1
-            '''
-        crit = [_crit('tests_pass', run + '''
-            if _txt(ws / test) != test_src or not (ws / mod).exists(): return 0.0
-            return float(_run(['-m', 'unittest']) == 0)''', proj=proj, test=test, mod=mod, test_src=pp['files'][f['test_file']]),
-                _crit('hidden_checks', run + '''
-            if not (ws / mod).exists(): return 0.0
-            return float(_run(['-c', 'import ' + module + ' as m\\n' + hidden]) == 0)''', proj=proj, mod=mod, module=f['module'], hidden=f['hidden']),
-                _crit('tests_untouched', '''
-            m = _txt(ws / mod)
-            return float(m is not None and m != mod_src and _txt(ws / test) == test_src)''', mod=mod, test=test,
-                      mod_src=pp['files'][f'{f["module"]}.py'], test_src=pp['files'][f['test_file']]),
-                _crit('output_saved', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            return (float(re.search(r'^OK\\b', t, re.M) is not None) + float(('Ran %d test' % n) in t)) / 2''', out=out, n=n_tests)]
+        test_src, mod_src = pp['files'][f['test_file']], pp['files'][f'{f["module"]}.py']
+        crit = [Criterion('tests_pass', 'unittest_passes', {'folder': proj, 'test': test, 'test_src': test_src, 'module': mod}),
+                Criterion('hidden_checks', 'python_checks_pass', {'folder': proj, 'module_file': mod, 'module': f['module'], 'checks': f['hidden']}),
+                Criterion('tests_untouched', 'file_edited_other_kept', {'edited': mod, 'edited_src': mod_src, 'kept': test, 'kept_src': test_src}),
+                Criterion('output_saved', 'unittest_report', {'path': out, 'n': n_tests})]
         plan = {'proj': proj, 'module': mod, 'old': f['old'], 'new': f['new'], 'out': out, 'capture_stderr': True}
         return self.result(ins, crit, plan, [out, mod], difficulty=2)
 
@@ -215,15 +153,9 @@ class RunScriptCapture(FileOp):
         cmd = f'python3 {script} --level {level} --since {since} {log}'
         ins = (f'From the workspace root run `{cmd}`. Save its standard output (only stdout, exactly as printed) to {out} '
                f'and its exit status (just the number) to {code_out}.')
-        crit = [_crit('stdout_exact', '''
-            t = _txt(ws / out)
-            return 0.0 if t is None else float(t.replace('\\r\\n', '\\n').rstrip() == want.rstrip())''', out=out, want=want),
-                _crit('stdout_only', '''
-            t = _txt(ws / out)
-            return 0.0 if not t or not t.strip() else float('warning: skipped' not in t and 'matched:' in t)''', out=out),
-                _crit('exit_code', '''
-            t = _txt(ws / code_out)
-            return 0.0 if t is None else float(t.strip() == str(code))''', code_out=code_out, code=code)]
+        crit = [Criterion('stdout_exact', 'text_equals', {'path': out, 'want': want}),
+                Criterion('stdout_only', 'text_contains', {'path': out, 'present': ['matched:'], 'absent': ['warning: skipped']}),
+                Criterion('exit_code', 'text_equals', {'path': code_out, 'want': str(code), 'strip': 'both'})]
         plan = {'script': script, 'log': log, 'level': level, 'since': since, 'out': out, 'code_out': code_out}
         return self.result(ins, crit, plan, [out, code_out], expected=[want.strip().splitlines()[-1]], difficulty=1)
 
@@ -252,22 +184,9 @@ class AnalyseLogs(FileOp):
                f'"first_error", the timestamp of the first ERROR entry exactly as written, and "top_endpoints", the {k} request paths '
                f'with the most request entries as [[path, count], ...], most first.')
         top = [[p, n] for p, n in ranked[:k]]
-        crit = [_crit('counts', '''
-            d = _json(ws / out)
-            c = d.get('counts') if isinstance(d, dict) else None
-            if not isinstance(c, dict): return 0.0
-            c = {str(a).upper(): b for a, b in c.items() if b not in (0, None)}
-            return sum(c.get(l) == n for l, n in want.items()) / len(want) * (1.0 if set(c) <= set(want) else 0.5)''', out=out, want=f['counts']),
-                _crit('first_error', '''
-            d = _json(ws / out)
-            return float(isinstance(d, dict) and str(d.get('first_error', '')).strip() == want)''', out=out, want=f['first_error']),
-                _crit('top_endpoints', '''
-            d = _json(ws / out)
-            t = d.get('top_endpoints') if isinstance(d, dict) else None
-            if not isinstance(t, list): return 0.0
-            try: got = [[str(a), int(b)] for a, b in t]
-            except Exception: return 0.0
-            return float(got == want)''', out=out, want=top)]
+        crit = [Criterion('counts', 'log_level_counts', {'path': out, 'want': f['counts']}),
+                Criterion('first_error', 'json_text_field', {'path': out, 'key': 'first_error', 'want': f['first_error']}),
+                Criterion('top_endpoints', 'json_pairs', {'path': out, 'key': 'top_endpoints', 'want': top})]
         plan = {'log': log, 'out': out, 'k': k, 'count_repeats': True}
         return self.result(ins, crit, plan, [out], expected=[f['first_error']], difficulty=2)
 

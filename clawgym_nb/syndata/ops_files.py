@@ -19,38 +19,6 @@ __all__ = ['FileOp', 'OrganiseFiles', 'RenameByPattern', 'DraftMessage', 'Rewrit
 def _sh(cmd:str) -> dict: return {'tool': 'exec', 'args': {'command': cmd}}
 def _write(path:str, content:str) -> dict: return {'tool': 'write', 'args': {'path': path, 'content': content}}
 def _py(script:str) -> dict: return _sh("python3 - <<'EOF'\n" + textwrap.dedent(script).strip() + "\nEOF")
-def _lits(**kw) -> str: return ''.join(f'{k} = {v!r}\n' for k, v in kw.items())
-def _crit(name:str, body:str, **lits) -> Criterion:
-    "A criterion whose body starts with the given literals and the shared helpers."
-    return Criterion(name, _lits(**lits) + _HELPERS + textwrap.dedent(body).strip() + '\n')
-
-_HELPERS = r'''
-def _txt(p):
-    try: return Path(p).read_bytes().decode('utf-8', errors='replace')
-    except Exception: return None
-def _json(p):
-    try: return json.loads(Path(p).read_text(encoding='utf-8'))
-    except Exception: return None
-_MON = {m: i + 1 for i, m in enumerate(['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'])}
-def _dates(t):
-    out = set(re.findall(r'\b(\d{4}-\d\d-\d\d)\b', t))
-    for d, mo, y in re.findall(r'\b(\d{1,2})(?:st|nd|rd|th)? (?:of )?([A-Za-z]{3,9})\.?,? (\d{4})\b', t):
-        if mo[:3].lower() in _MON: out.add('%s-%02d-%02d' % (y, _MON[mo[:3].lower()], int(d)))
-    for mo, d, y in re.findall(r'\b([A-Za-z]{3,9})\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})\b', t):
-        if mo[:3].lower() in _MON: out.add('%s-%02d-%02d' % (y, _MON[mo[:3].lower()], int(d)))
-    return out
-def _has_amount(t, x):
-    for s in re.findall(r'\d[\d,]*(?:\.\d+)?', t):
-        try:
-            if abs(float(s.replace(',', '')) - x) < 0.006: return True
-        except ValueError: pass
-    return False
-def _num(v):
-    if isinstance(v, bool): return None
-    if isinstance(v, (int, float)): return float(v)
-    try: return float(str(v).replace(',', '').replace('$', '').strip())
-    except ValueError: return None
-'''
 
 class FileOp(Operation):
     "An operation whose reference actions are a function of its plan (so a teacher can perturb the plan)."
@@ -98,14 +66,9 @@ class OrganiseFiles(FileOp):
         ins = (f'Tidy up {folder}/: move {rule}. Match extensions case-insensitively, keep the file names unchanged, '
                f'create the folders if needed, and leave every other file exactly where it is.')
         files = {n: ctx.files[f'{folder}/{n}'].decode() for n in moved}
-        crit = [_crit('moved', '''
-            ok = sum(_txt(ws / dst) == files[Path(dst).name] for dst in moved.values())
-            return ok / len(moved)''', moved=moved, files=files),
-                _crit('originals_gone', '''
-            return sum(not (ws / folder / n).exists() and (ws / d).exists() for n, d in moved.items()) / len(moved)''', moved=moved, folder=folder),
-                _crit('others_untouched', '''
-            if not all((ws / d).exists() for d in moved.values()): return 0.0
-            return float(all((ws / p).exists() for p in stay))''', moved=moved, stay=stay)]
+        crit = [Criterion('moved', 'files_have_content', {'want': {dst: files[n] for n, dst in moved.items()}}),
+                Criterion('originals_gone', 'files_moved', {'moves': {f'{folder}/{n}': dst for n, dst in moved.items()}}),
+                Criterion('others_untouched', 'files_left_alone', {'done': list(moved.values()), 'stay': stay})]
         plan = {'folder': folder, 'mapping': mapping, 'case_insensitive': True}
         return self.result(ins, crit, plan, list(moved.values()), difficulty=1)
 
@@ -149,14 +112,10 @@ class RenameByPattern(FileOp):
                f'its current name. Names write dates as e.g. 2023-12-31, 31 Dec 2023, 31-Dec-2023 or 31.12.2023 (day first). '
                f'Keep the files in {folder}/ and leave README.txt alone.')
         content = {new: ctx.files[f'{folder}/{old}'].decode() for old, new in renames.items()}
-        crit = [_crit('renamed', '''
-            return sum(_txt(ws / folder / n) == c for n, c in content.items()) / len(content)''', folder=folder, content=content),
-                _crit('old_names_gone', '''
-            return sum(not (ws / folder / o).exists() and (ws / folder / n).exists() for o, n in renames.items()) / len(renames)''', folder=folder, renames=renames),
-                _crit('nothing_else_changed', '''
-            if not all((ws / folder / n).exists() for n in content): return 0.0
-            left = sorted(p.name for p in (ws / folder).iterdir())
-            return float(left == sorted(list(content) + ['README.txt']))''', folder=folder, content=content)]
+        crit = [Criterion('renamed', 'files_have_content', {'want': {f'{folder}/{n}': c for n, c in content.items()}}),
+                Criterion('old_names_gone', 'files_moved', {'moves': {f'{folder}/{o}': f'{folder}/{n}' for o, n in renames.items()}}),
+                Criterion('nothing_else_changed', 'folder_holds_exactly', {'folder': folder, 'names': sorted(list(content) + ['README.txt']),
+                                                                          'done': list(content)})]
         plan = {'folder': folder, 'renames': renames, 'day_first_old': [o for o in renames if o.startswith('sync-')][0]}
         return self.result(ins, crit, plan, [f'{folder}/{n}' for n in content], expected=list(content), difficulty=2)
 
@@ -184,26 +143,10 @@ class DraftMessage(FileOp):
         ins = (f'Read the email thread in {folder}/ and draft my reply to {f["sender"]["name"]} confirming the order as finally agreed. '
                f'Save it as {out}: a `To:` header with their email address, a `Subject:` header that keeps the reference number, a blank line, '
                f'then the body. The body must state the final amount, the final delivery date and the reference number.')
-        crit = [_crit('headers', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            head = t.replace('\\r\\n', '\\n').split('\\n\\n', 1)[0]
-            to = [l for l in head.splitlines() if l.lower().startswith('to:')]
-            sub = [l for l in head.splitlines() if l.lower().startswith('subject:')]
-            return (float(bool(to) and addr.lower() in to[0].lower()) + float(bool(sub) and ref in sub[0])) / 2''',
-                      out=out, addr=f['sender']['email'], ref=f['ref']),
-                _crit('final_facts', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            parts = t.replace('\\r\\n', '\\n').split('\\n\\n', 1)
-            body = parts[1] if len(parts) > 1 else ''
-            return (float(_has_amount(body, amount)) + float(date in _dates(body)) + float(ref in body)) / 3''',
-                      out=out, amount=f['final_amount'], date=f['final_date'], ref=f['ref']),
-                _crit('no_superseded_values', '''
-            t = _txt(ws / out)
-            if t is None or len(t.split()) < 8: return 0.0
-            return float(not _has_amount(t, old_amount) and old_date not in _dates(t))''',
-                      out=out, old_amount=f['first_amount'], old_date=f['first_date'])]
+        crit = [Criterion('headers', 'email_headers', {'path': out, 'to': f['sender']['email'], 'ref': f['ref']}),
+                Criterion('final_facts', 'text_has_facts', {'path': out, 'ref': f['ref'], 'date': f['final_date'], 'amount': f['final_amount'],
+                                                            'body_only': True}),
+                Criterion('no_superseded_values', 'text_avoids_values', {'path': out, 'amount': f['first_amount'], 'date': f['first_date']})]
         plan = {'out': out, 'to': f['sender'], 'me': f['me']['name'], 'subject': 'Re: ' + f['subject'], 'ref': f['ref'],
                 'amount': f['final_amount'], 'date': f['final_date'], 'item': f['item']}
         plan['stale_amount'] = f['first_amount']
@@ -236,19 +179,9 @@ class RewriteTone(FileOp):
         ins = (f'Rewrite the internal note {src} as a polite update for the customer and save it as {out}. '
                f'It must be {lo} to {hi} words, keep the ticket number, the new date and the refund amount, '
                f'and must not contain any of these words: {", ".join(forb)}.')
-        crit = [_crit('length', '''
-            t = _txt(ws / out)
-            return 0.0 if t is None else float(lo <= len(t.split()) <= hi)''', out=out, lo=lo, hi=hi),
-                _crit('facts_kept', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            return (float(ref in t) + float(date in _dates(t)) + float(_has_amount(t, amount))) / 3''',
-                      out=out, ref=f['ref'], date=f['date'], amount=f['amount']),
-                _crit('forbidden_removed', '''
-            t = _txt(ws / out)
-            if t is None or len(t.split()) < 10: return 0.0
-            return float(not any(re.search(r'(?<!\\w)' + re.escape(w) + r'(?!\\w)', t, re.I) for w in forbidden))''',
-                      out=out, forbidden=forb)]
+        crit = [Criterion('length', 'text_word_count', {'path': out, 'lo': lo, 'hi': hi}),
+                Criterion('facts_kept', 'text_has_facts', {'path': out, 'ref': f['ref'], 'date': f['date'], 'amount': f['amount']}),
+                Criterion('forbidden_removed', 'text_avoids_words', {'path': out, 'words': forb})]
         plan = {'out': out, 'facts': ['ref', 'date', 'amount'], 'ref': f['ref'], 'date': f['date'], 'amount': f['amount'], 'item': f['item']}
         return self.result(ins, crit, plan, [out], rubric_rules=[_tone_rule(out, 'a customer')], difficulty=1)
 
@@ -289,25 +222,9 @@ class WriteReport(FileOp):
                f'exact headings: `## Summary` (a short paragraph), `## Action items` (a markdown table with columns Owner | Task | Due, '
                f'one row per distinct action item, Due as YYYY-MM-DD) and `## Budget` (a line `Total approved: <amount>` with the '
                f'sum of all budgets approved in the minutes).')
-        crit = [_crit('sections', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            heads = [l.strip().lower() for l in t.splitlines() if l.startswith('## ')]
-            return sum(h in heads for h in ('## summary', '## action items', '## budget')) / 3''', out=out),
-                _crit('action_table', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            rows = [l for l in t.splitlines() if l.strip().startswith('|') and l.count('|') >= 4]
-            cells = [[c.strip() for c in l.strip().strip('|').split('|')] for l in rows]
-            hit = sum(any(a[0] in c[0] and a[1] in ' '.join(c) and a[2] in c[-1] for c in cells) for a in acts)
-            data = [tuple(c) for c in cells if not set(''.join(c)) <= set('-: ')][1:]
-            dup = len(data) != len(set(data)) or len(data) != len(acts)
-            return hit / len(acts) * (0.5 if dup else 1.0)''', out=out, acts=[(a['owner'], a['task'], a['due']) for a in acts]),
-                _crit('total', '''
-            t = _txt(ws / out)
-            if t is None: return 0.0
-            m = re.search(r'total approved:?\\**\\s*(.*)', t, re.I)
-            return float(bool(m) and _has_amount(m.group(1), total))''', out=out, total=total)]
+        crit = [Criterion('sections', 'markdown_headings', {'path': out, 'headings': ['## summary', '## action items', '## budget']}),
+                Criterion('action_table', 'markdown_table_rows', {'path': out, 'rows': [[a['owner'], a['task'], a['due']] for a in acts]}),
+                Criterion('total', 'labelled_amount', {'path': out, 'label': 'total approved', 'amount': total})]
         plan = {'out': out, 'actions': acts, 'budgets': [m['budget'] for m in mins], 'n_files': len(mins), 'dedupe': True}
         rule = {'name': 'summary_quality', 'file_path': out, 'scores': {
             '0': 'No summary, or it contradicts the minutes.', '0.25': 'A summary that is vague or mostly filler.',
@@ -341,24 +258,11 @@ class ExtractFromHtml(FileOp):
                f'{{"contact": <email>, "items": [{{"item": <name as displayed>, "available_from": <YYYY-MM-DD>, "price": <number>}}, ...]}} '
                f'with the rows in page order.')
         rows = f['rows']
-        pre = '''
-            d = _json(ws / out)
-            items = d.get('items') if isinstance(d, dict) else None
-            if not isinstance(items, list): return 0.0
-            items = [x for x in items if isinstance(x, dict)]
-            '''
-        crit = [_crit('contact', '''
-            d = _json(ws / out)
-            return float(isinstance(d, dict) and str(d.get('contact', '')).strip().lower() == contact)''', out=out, contact=f['contact']),
-                _crit('item_names', pre + '''
-            return sum(i < len(items) and str(items[i].get('item', '')).strip() == w['name'] for i, w in enumerate(rows)) / len(rows) * (len(items) == len(rows) or 0.5)''',
-                      out=out, rows=rows),
-                _crit('dates_iso', pre + '''
-            return sum(i < len(items) and str(items[i].get('available_from', '')).strip() == w['date'] for i, w in enumerate(rows)) / len(rows)''',
-                      out=out, rows=rows),
-                _crit('prices', pre + '''
-            return sum(i < len(items) and _num(items[i].get('price')) is not None and abs(_num(items[i].get('price')) - w['price']) < 0.006 for i, w in enumerate(rows)) / len(rows)''',
-                      out=out, rows=rows)]
+        items = {'path': out, 'key': 'items'}
+        crit = [Criterion('contact', 'json_text_field', {'path': out, 'key': 'contact', 'want': f['contact'], 'lower': True}),
+                Criterion('item_names', 'json_item_fields', {**items, 'field': 'item', 'want': [w['name'] for w in rows], 'exact_count': True}),
+                Criterion('dates_iso', 'json_item_fields', {**items, 'field': 'available_from', 'want': [w['date'] for w in rows]}),
+                Criterion('prices', 'json_item_fields', {**items, 'field': 'price', 'want': [w['price'] for w in rows], 'number': True})]
         plan = {'out': out, 'contact': f['contact'], 'rows': rows, 'decode_entities': True}
         return self.result(ins, crit, plan, [out], expected=[x['date'] for x in rows], difficulty=2)
 
@@ -399,20 +303,8 @@ class FindInFiles(FileOp):
         ins = (f'Find every line in the files under {folder}/ that mentions "{term.lower()}" as a whole word, ignoring case '
                f'(so "{term.upper()}" counts, "{misses[0]}" does not). Write {out} as a JSON object mapping each matching file '
                f'path (as `{folder}/<name>`) to the sorted list of its matching 1-based line numbers; leave out files without a match.')
-        crit = [_crit('files', '''
-            d = _json(ws / out)
-            if not isinstance(d, dict) or not d: return 0.0
-            got = {str(k).lstrip('./') for k in d}
-            return len(got & set(want)) / len(got | set(want))''', out=out, want=want),
-                _crit('line_numbers', '''
-            d = _json(ws / out)
-            if not isinstance(d, dict): return 0.0
-            d = {str(k).lstrip('./'): v for k, v in d.items()}
-            ok = 0
-            for p, lines in want.items():
-                try: ok += [int(x) for x in d.get(p, [])] == lines
-                except Exception: pass
-            return ok / len(want)''', out=out, want=want)]
+        crit = [Criterion('files', 'json_path_keys', {'path': out, 'want': list(want)}),
+                Criterion('line_numbers', 'json_line_numbers', {'path': out, 'want': want})]
         plan = {'folder': folder, 'term': term.lower(), 'ignore_case': True, 'out': out}
         return self.result(ins, crit, plan, [out], expected=[], difficulty=1)
 
@@ -444,29 +336,10 @@ class SummariseNotes(FileOp):
                f'"attendees" (list of names as written), "budget_approved" (number), and "action_items" (list of objects with '
                f'"owner", "task" and "due" as YYYY-MM-DD, each action item once).')
         acts = [(a['owner'], a['due']) for a in f['action_items']]
-        crit = [_crit('schema', '''
-            d = _json(ws / out)
-            if not isinstance(d, dict): return 0.0
-            ok = set(d) == {'meeting_date', 'attendees', 'budget_approved', 'action_items'}
-            ok = ok and isinstance(d['attendees'], list) and isinstance(d['action_items'], list) and _num(d['budget_approved']) is not None
-            return float(bool(ok) and all(isinstance(a, dict) and {'owner', 'task', 'due'} <= set(a) for a in d['action_items']))''', out=out),
-                _crit('date_and_people', '''
-            d = _json(ws / out)
-            if not isinstance(d, dict): return 0.0
-            att = d.get('attendees')
-            return (float(str(d.get('meeting_date', '')).strip() == date) + float(isinstance(att, list) and sorted(map(str, att)) == sorted(people))) / 2''',
-                      out=out, date=f['date'], people=f['attendees']),
-                _crit('budget', '''
-            d = _json(ws / out)
-            v = _num(d.get('budget_approved')) if isinstance(d, dict) else None
-            return float(v is not None and abs(v - budget) < 0.006)''', out=out, budget=f['budget']),
-                _crit('action_items', '''
-            d = _json(ws / out)
-            a = d.get('action_items') if isinstance(d, dict) else None
-            if not isinstance(a, list): return 0.0
-            got = [(str(x.get('owner', '')).strip(), str(x.get('due', '')).strip()) for x in a if isinstance(x, dict)]
-            hit = sum(w in got for w in acts) / len(acts)
-            return hit * (1.0 if len(got) == len(acts) else 0.5)''', out=out, acts=acts)]
+        crit = [Criterion('schema', 'minutes_schema', {'path': out}),
+                Criterion('date_and_people', 'minutes_date_and_people', {'path': out, 'date': f['date'], 'people': f['attendees']}),
+                Criterion('budget', 'json_number_field', {'path': out, 'key': 'budget_approved', 'want': f['budget']}),
+                Criterion('action_items', 'minutes_action_items', {'path': out, 'want': [list(a) for a in acts]})]
         plan = {'out': out, 'date': f['date'], 'attendees': f['attendees'], 'budget': f['budget'],
                 'action_items': f['action_items'], 'dedupe': True}
         exp = [f['date']] + ([f'{f["budget"]:.2f}'] if True else [])

@@ -5,10 +5,10 @@
 # %% ../../nbs/syndata/03b_ops_tabular.ipynb #bca8f888
 from __future__ import annotations
 import datetime as _dt, json, random, re, statistics
-from .opspec import OpResult, register_op
+from .opspec import Criterion, OpResult, register_op
 from .mock_tables import (NAMES, SCHEMAS, Table, format_date, make_table, near_values, parse_date, step, to_csv,
                                     write_table)
-from .ops_tablib import L, TabularOp, crit, table_crit, tol
+from .ops_tablib import TabularOp, tol
 from .mock_tables import SCHEMAS
 
 # %% auto #0
@@ -48,13 +48,10 @@ class ReadExtract(TabularOp):
         ids = [r[cols[0]] for r in want]
         plan = {'input': src, 'output': out, 'column': c, 'value': v, 'columns': cols}
         dx = t.col(x).decimals
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L(cols)})"),
-                 crit('ids', table_crit(out) + f"got = [_s(x.get({cols[0]!r})) for x in rows]\nreturn _jacc(got, {L(ids)}) * float(len(got) == len(set(got)))"),
-                 crit('values_in_order', table_crit(out) + f"""want = {L(want)}
-if len(rows) != len(want): return 0.0
-ok = [_s(g.get({cols[0]!r})) == w[{cols[0]!r}] and _s(g.get({cols[1]!r})) == w[{cols[1]!r}] and _eq(g.get({x!r}), w[{x!r}], {tol(dx)}) for g, w in zip(rows, want)]
-return sum(ok) / len(want)""")]
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': cols}),
+                 Criterion('ids', 'table_ids', {'path': out, 'column': cols[0], 'want': ids}),
+                 Criterion('values_in_order', 'table_rows_in_order', {'path': out, 'want': want, 'exact': cols[:2], 'number': x, 'tol': tol(dx)})]
         ins = (f'From {src}, extract every record whose `{c}` is exactly `{v}` and write them to {out} as CSV with a header row and '
                f'exactly these columns, in this order: {", ".join(f"`{k}`" for k in cols)}. Keep the records in the order they appear in '
                f'the input, and leave a cell empty where the input value is missing.')
@@ -64,6 +61,7 @@ return sum(ok) / len(want)""")]
         vocab = next(c.vocab for d in SCHEMAS.values() for c in d[1] if c.name == plan['column'] and plan['value'] in c.vocab)
         return {**plan, 'value': _other(vocab, plan['value'], rng)}
 
+# %% ../../nbs/syndata/03b_ops_tabular.ipynb #dc662a2a
 _OPS = {'>=': 'at least', '>': 'more than'}
 
 @register_op
@@ -98,10 +96,10 @@ class FilterRank(TabularOp):
             if v is not None and ((v >= thr) if op == '>=' else (v > thr)): best[r[idc]] = v
         ranked = [i for _, i in sorted((-v, i) for i, v in best.items())]
         plan = {'input': src, 'output': out, 'id': idc, 'column': x.name, 'op': op, 'threshold': thr}
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('json_list_of_ids', f"d = _json({out!r})\nreturn float(isinstance(d, list) and all(isinstance(i, str) for i in d))"),
-                 crit('right_ids', f"d = _json({out!r})\nif not isinstance(d, list): return 0.0\ngot = [_s(i) for i in d]\nreturn _jacc(got, {L(ranked)}) * float(len(got) == len(set(got)))"),
-                 crit('right_order', f"d = _json({out!r})\nreturn float(isinstance(d, list) and [_s(i) for i in d] == {L(ranked)})")]
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('json_list_of_ids', 'json_string_list', {'path': out}),
+                 Criterion('right_ids', 'json_ids', {'path': out, 'want': ranked}),
+                 Criterion('right_order', 'json_ids_in_order', {'path': out, 'want': ranked})]
         unit = f' {x.unit}' if x.unit else ''
         ins = (f'In {src}, find the records whose `{x.name}` is {_OPS[op]} {thr}{unit} ' + ('(strictly greater). ' if op == '>' else '(the threshold itself counts). ')
                + f'Skip records with an empty `{x.name}`, and list each `{idc}` only once even if its row appears twice. Write to {out} a JSON list of '
@@ -151,12 +149,12 @@ class AggregateStats(TabularOp):
             groups.setdefault(r[g], []).append(r[x])
         want = {k: [len(v), round(_stat(stat, v), d)] for k, v in sorted(groups.items())}
         plan = {'input': src, 'output': out, 'group': g, 'column': x, 'stat': stat, 'out_col': oc, 'decimals': d, 'dedupe': True}
-        body = table_crit(out) + f"want = {L(want)}\ngot = {{_s(x.get({g!r})): x for x in rows}}\n"
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L([g, 'count', oc])})"),
-                 crit('groups', table_crit(out) + f"got = [_s(x.get({g!r})) for x in rows]\nreturn _jacc(got, {L(list(want))}) * float(len(got) == len(set(got)))"),
-                 crit('counts', body + "return sum(_eq(got[k].get('count'), w[0]) for k, w in want.items() if k in got) / len(want)"),
-                 crit('values', body + f"return sum(_eq(got[k].get({oc!r}), w[1], {tol(d)}) for k, w in want.items() if k in got) / len(want)")]
+        by = {'path': out, 'key': g}
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': [g, 'count', oc]}),
+                 Criterion('groups', 'table_ids', {'path': out, 'column': g, 'want': list(want)}),
+                 Criterion('counts', 'table_keyed_numbers', {**by, 'columns': ['count'], 'want': {k: w[:1] for k, w in want.items()}, 'tols': [1e-6]}),
+                 Criterion('values', 'table_keyed_numbers', {**by, 'columns': [oc], 'want': {k: w[1:] for k, w in want.items()}, 'tols': [tol(d)]})]
         ins = (f'Using {src}, compute for each `{g}` the number of records (`count`) and {_STATS[stat]} of `{x}` (`{oc}`, rounded to {d} decimal places). '
                f'Skip records whose `{g}` or `{x}` is empty, and count an exact duplicate row (identical in every column) only once. '
                f'Write the result to {out} as CSV with the columns `{g}`, `count`, `{oc}`, one row per `{g}` value.')
@@ -167,6 +165,7 @@ class AggregateStats(TabularOp):
         alt = {'sum': 'mean', 'mean': 'sum', 'median': 'sum', 'max': 'sum'}[plan['stat']]
         return {**plan, 'stat': alt}
 
+# %% ../../nbs/syndata/03b_ops_tabular.ipynb #6661f431
 @register_op
 class JoinTables(TabularOp):
     name, category = 'join_tables', 'data_processing'
@@ -200,12 +199,12 @@ class JoinTables(TabularOp):
         want = {r[idc]: lmap.get(r[g], '') for r in t.rows}
         matched = {k: v for k, v in want.items() if v}; unmatched = sorted(k for k, v in want.items() if not v)
         plan = {'input': src, 'lookup': lk, 'output': out, 'key': g, 'attr': attr, 'how': 'left', 'columns': cols}
-        body = table_crit(out) + f"got = {{_s(x.get({idc!r})): _s(x.get({attr!r})) for x in rows}}\n"
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L(cols)})"),
-                 crit('matched_rows', body + f"want = {L(matched)}\nreturn sum(got.get(k) == v for k, v in want.items()) / len(want)"),
-                 crit('unmatched_kept_empty', body + f"want = {L(unmatched)}\nreturn sum(k in got and got[k] == '' for k in want) / len(want)"),
-                 crit('row_count', table_crit(out) + f"return float(len(rows) == {len(t.rows)})")]
+        by = {'path': out, 'key': idc, 'column': attr}
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': cols}),
+                 Criterion('matched_rows', 'table_keyed_text', {**by, 'want': matched}),
+                 Criterion('unmatched_kept_empty', 'table_keyed_text', {**by, 'want': {k: '' for k in unmatched}}),
+                 Criterion('row_count', 'table_row_count', {'path': out, 'n': len(t.rows)})]
         ins = (f'{src} has one record per row and {lk} maps each `{g}` to its `{attr}`. Add the matching `{attr}` to every record of {src} '
                f'(a left join on `{g}`: keep records with no match, with an empty `{attr}`) and write {out} as CSV with the columns '
                f'{", ".join(f"`{k}`" for k in cols)}, in the input order.')
@@ -245,11 +244,12 @@ class DedupeRecords(TabularOp):
         for r in t.rows: first.setdefault(r[idc].strip(), r)
         order = list(first); names = {k: r[tc] for k, r in first.items()}
         plan = {'input': src, 'output': out, 'id': idc, 'key': 'id'}
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L(t.header)})"),
-                 crit('unique_ids', table_crit(out) + f"got = [_s(x.get({idc!r})) for x in rows]\nreturn _jacc(got, {L(order)}) * float(len(got) == len(set(got)))"),
-                 crit('first_occurrence_kept', table_crit(out) + f"want = {L(names)}\ngot = {{}}\nfor x in rows: got.setdefault(_s(x.get({idc!r})), _s(x.get({tc!r})))\nreturn sum(got.get(k) == v.strip() for k, v in want.items()) / len(want)"),
-                 crit('input_order', table_crit(out) + f"return float([_s(x.get({idc!r})) for x in rows] == {L(order)})")]
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': t.header}),
+                 Criterion('unique_ids', 'table_ids', {'path': out, 'column': idc, 'want': order}),
+                 Criterion('first_occurrence_kept', 'table_keyed_text', {'path': out, 'key': idc, 'column': tc, 'first': True,
+                                                                          'want': {k: v.strip() for k, v in names.items()}}),
+                 Criterion('input_order', 'table_column_equals', {'path': out, 'column': idc, 'want': order})]
         ins = (f'{src} is an export with duplicate records. Two records are duplicates when their `{idc}` is the same once surrounding spaces '
                f'are removed, even if other cells differ. Write {out} as CSV with the same columns, keeping only the first occurrence of each '
                f'`{idc}` (written without the spaces) and the input order.')
@@ -257,6 +257,7 @@ class DedupeRecords(TabularOp):
 
     def perturb(self, plan, rng): return {**plan, 'key': 'exact'}
 
+# %% ../../nbs/syndata/03b_ops_tabular.ipynb #96da7e28
 _CONVERSIONS = (('csv', 'json'), ('json', 'csv'), ('jsonl', 'csv'), ('csv', 'md'), ('tsv', 'json'), ('jsonl', 'md'))
 
 @register_op
@@ -293,25 +294,17 @@ class ConvertFormat(TabularOp):
         plan = {'input': src, 'output': out, 'to': b, 'columns': t.header, 'numeric': nums,
                 'ints': [c.name for c in t.numeric_cols if c.decimals == 0], 'typed': True}
         if b == 'json':
-            load = f"d = _json({out!r})\nif not isinstance(d, list) or not all(isinstance(x, dict) for x in d): return 0.0\n"
-            ok_val = f"""def ok(g, w, c):
-    if w is None: return g is None or g == ''
-    if c in {L(nums)}: return isinstance(g, (int, float)) and not isinstance(g, bool) and abs(g - w) < 1e-6
-    return isinstance(g, str) and g.strip() == w
-"""
-            crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                     crit('json_records', load + "return float(len(d) > 0)"),
-                     crit('keys', load + f"return sum(set(x) == set({L(t.header)}) for x in d) / max(len(d), 1)"),
-                     crit('values_typed', load + ok_val + f"want = {L(want)}\ncols = {L(t.header)}\nif len(d) != len(want): return 0.0\n"
-                          "return sum(all(ok(g.get(c), w[i], c) for i, c in enumerate(cols)) for g, w in zip(d, want)) / len(want)")]
+            crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                     Criterion('json_records', 'json_records', {'path': out}),
+                     Criterion('keys', 'json_record_keys', {'path': out, 'keys': t.header}),
+                     Criterion('values_typed', 'json_typed_values', {'path': out, 'columns': t.header, 'numeric': nums, 'want': want})]
             rule = ('a JSON list with one object per record, keys named after the columns; write numeric columns ('
                     + ', '.join(f'`{n}`' for n in nums) + ') as JSON numbers, the other values as strings, and empty cells as null')
         else:
-            crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                     crit('table_parses', table_crit(out, b) + "return float(len(rows) > 0)"),
-                     crit('columns_in_order', table_crit(out, b) + f"return float(h == {L(t.header)})"),
-                     crit('values', table_crit(out, b) + f"want = {L(want)}\ncols = {L(t.header)}\nif len(rows) != len(want): return 0.0\n"
-                          "return sum(all((_eq(g.get(c), w[i]) if isinstance(w[i], (int, float)) else _s(g.get(c)) == _s(w[i])) for i, c in enumerate(cols)) for g, w in zip(rows, want)) / len(want)")]
+            crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                     Criterion('table_parses', 'table_has_rows', {'path': out, 'fmt': b}),
+                     Criterion('columns_in_order', 'table_columns', {'path': out, 'columns': t.header, 'fmt': b}),
+                     Criterion('values', 'table_cells', {'path': out, 'columns': t.header, 'want': want, 'fmt': b})]
             rule = (('CSV with a header row' if b == 'csv' else 'a markdown table (header row, `---` separator row, one row per record)')
                     + f' with the columns in this order: {", ".join(f"`{c}`" for c in t.header)}; leave missing values as empty cells')
         ins = f'Convert {src} to {out}: {rule}. Keep the records in the same order.'
@@ -356,12 +349,12 @@ class CleanMissing(TabularOp):
         filled = {t.rows[i][idc]: fv for i in picked[:-1]}
         other = {r[idc]: r[x] for r in t.rows if r[g] is not None and r[x] is not None}
         plan = {'input': src, 'output': out, 'column': x, 'fill': fill, 'decimals': d, 'drop': True, 'drop_col': g}
-        body = table_crit(out) + f"got = {{_s(r.get({idc!r})): r.get({x!r}) for r in rows}}\n"
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L(t.header)})"),
-                 crit('rows_kept_and_dropped', table_crit(out) + f"got = [_s(r.get({idc!r})) for r in rows]\nreturn _jacc(got, {L(kept)}) * float(len(got) == len(set(got)))"),
-                 crit('filled_values', body + f"want = {L(filled)}\nreturn sum(k in got and _eq(got[k], v, {tol(d)}) for k, v in want.items()) / len(want)"),
-                 crit('other_values_unchanged', body + f"want = {L(other)}\nreturn sum(k in got and _eq(got[k], v) for k, v in want.items()) / len(want)")]
+        by = {'path': out, 'key': idc, 'columns': [x]}
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': t.header}),
+                 Criterion('rows_kept_and_dropped', 'table_ids', {'path': out, 'column': idc, 'want': kept}),
+                 Criterion('filled_values', 'table_keyed_numbers', {**by, 'want': {k: [v] for k, v in filled.items()}, 'tols': [tol(d)]}),
+                 Criterion('other_values_unchanged', 'table_keyed_numbers', {**by, 'want': {k: [v] for k, v in other.items()}, 'tols': [1e-6]})]
         ins = (f'Clean {src} into {out} (CSV, same columns, same row order): drop every record whose `{g}` is empty, and fill every empty '
                f'`{x}` with {_FILLS[fill]} of the non-empty `{x}` values in the input file (all rows, before dropping), rounded to {d} decimal places. '
                f'Leave every other cell as it is.')
@@ -369,6 +362,7 @@ class CleanMissing(TabularOp):
 
     def perturb(self, plan, rng): return {**plan, 'fill': 'mean' if plan['fill'] == 'median' else 'median'}
 
+# %% ../../nbs/syndata/03b_ops_tabular.ipynb #dbb68906
 @register_op
 class NormaliseDates(TabularOp):
     name, category = 'normalise_dates', 'data_processing'
@@ -397,11 +391,10 @@ class NormaliseDates(TabularOp):
         want = {r[idc]: parse_date(r[dc]).isoformat() for r in t.rows}
         other = [[r[c] for c in t.header if c != dc] for r in t.rows]
         plan = {'input': src, 'output': out, 'column': dc, 'day_first': True}
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('all_iso', table_crit(out) + f"v = [_s(r.get({dc!r})) for r in rows]\nreturn sum(bool(re.fullmatch(r'\\d{{4}}-\\d{{2}}-\\d{{2}}', s)) for s in v) / {len(t.rows)} if len(v) == {len(t.rows)} else 0.0"),
-                 crit('dates_correct', table_crit(out) + f"want = {L(want)}\ngot = {{_s(r.get({idc!r})): _s(r.get({dc!r})) for r in rows}}\nreturn sum(got.get(k) == v for k, v in want.items()) / len(want)"),
-                 crit('other_cells_unchanged', table_crit(out) + f"want = {L(other)}\ncols = [c for c in {L(t.header)} if c != {dc!r}]\nif len(rows) != len(want): return 0.0\n"
-                      "return sum(all((_eq(r.get(c), w[i]) if isinstance(w[i], (int, float)) else _s(r.get(c)) == _s(w[i])) for i, c in enumerate(cols)) for r, w in zip(rows, want)) / len(want)")]
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('all_iso', 'table_iso_dates', {'path': out, 'column': dc, 'n': len(t.rows)}),
+                 Criterion('dates_correct', 'table_keyed_text', {'path': out, 'key': idc, 'column': dc, 'want': want}),
+                 Criterion('other_cells_unchanged', 'table_cells', {'path': out, 'columns': [c for c in t.header if c != dc], 'want': other})]
         ins = (f'The `{dc}` column of {src} mixes three date formats: YYYY-MM-DD, DD/MM/YYYY (day first, European style) and `Mon D YYYY` '
                f'(e.g. `Mar 5 2024`). Write {out} as CSV with the same columns and rows in the same order, with every `{dc}` as YYYY-MM-DD.')
         return OpResult(ins, crits, self.reference(plan), [out], plan, expected=[], difficulty=2)
@@ -455,12 +448,12 @@ class ComparePeriods(TabularOp):
             want[k] = [round(o, 2), round(n, 2), round(n - o, 2), None if o == 0 else round((n - o) / o * 100, 1)]
         cols = [g, 'old_total', 'new_total', 'change', 'pct_change']
         plan = {'old': old, 'new': new, 'output': out, 'group': g, 'column': x, 'base': 'old'}
-        body = table_crit(out) + f"want = {L(want)}\ngot = {{_s(r.get({g!r})): r for r in rows}}\n"
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('columns', table_crit(out) + f"return float(h == {L(cols)})"),
-                 crit('groups', table_crit(out) + f"got = [_s(r.get({g!r})) for r in rows]\nreturn _jacc(got, {L(list(want))}) * float(len(got) == len(set(got)))"),
-                 crit('totals', body + "return sum(k in got and _eq(got[k].get('old_total'), w[0], 0.0051) and _eq(got[k].get('new_total'), w[1], 0.0051) for k, w in want.items()) / len(want)"),
-                 crit('change_and_pct', body + "return sum(k in got and _eq(got[k].get('change'), w[2], 0.0051) and _eq(got[k].get('pct_change'), w[3], 0.051) for k, w in want.items()) / len(want)")]
+        by = {'path': out, 'key': g}
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('columns', 'table_columns', {'path': out, 'columns': cols}),
+                 Criterion('groups', 'table_ids', {'path': out, 'column': g, 'want': list(want)}),
+                 Criterion('totals', 'table_keyed_numbers', {**by, 'columns': cols[1:3], 'want': {k: w[:2] for k, w in want.items()}, 'tols': [0.0051, 0.0051]}),
+                 Criterion('change_and_pct', 'table_keyed_numbers', {**by, 'columns': cols[3:], 'want': {k: w[2:] for k, w in want.items()}, 'tols': [0.0051, 0.051]})]
         ins = (f'{old} and {new} hold the records of two periods (old, then new). For each `{g}`, total `{x}` in each file (an empty `{x}` counts as 0; '
                f'skip records with an empty `{g}`; a `{g}` missing from one file has a total of 0 there). Write {out} as CSV with the columns '
                f'{", ".join(f"`{c}`" for c in cols)}: totals and `change` (new - old) rounded to 2 decimal places, `pct_change` = change / old total x 100 '
@@ -470,6 +463,7 @@ class ComparePeriods(TabularOp):
 
     def perturb(self, plan, rng): return {**plan, 'base': 'new'}
 
+# %% ../../nbs/syndata/03b_ops_tabular.ipynb #936b6b2e
 @register_op
 class ValidateSchema(TabularOp):
     name, category = 'validate_schema', 'data_processing'
@@ -528,11 +522,10 @@ class ValidateSchema(TabularOp):
             if not valid(r) and r[idc] not in bad: bad.append(r[idc])
         plan = {'input': src, 'output': out, 'id': idc, 'column': xc.name, 'lo': lo, 'hi': hi, 'inclusive': True,
                 'cat': cat.name, 'allowed': allowed, 'date': dc, 'name': tc}
-        load = f"d = _json({out!r})\nif not isinstance(d, list): return 0.0\ngot = set(_s(i) for i in d)\nwant = set({L(bad)})\n"
-        crits = [crit('output_exists', f"return float((ws / {out!r}).is_file())"),
-                 crit('json_list', f"d = _json({out!r})\nreturn float(isinstance(d, list) and all(isinstance(i, str) for i in d))"),
-                 crit('precision', load + "return len(got & want) / len(got) if got else 0.0"),
-                 crit('recall', load + "return len(got & want) / len(want)")]
+        crits = [Criterion('output_exists', 'output_exists', {'path': out}),
+                 Criterion('json_list', 'json_string_list', {'path': out}),
+                 Criterion('precision', 'json_id_set', {'path': out, 'want': bad, 'measure': 'precision'}),
+                 Criterion('recall', 'json_id_set', {'path': out, 'want': bad, 'measure': 'recall'})]
         unit = f' {xc.unit}' if xc.unit else ''
         ins = (f'Check every record of {src} against these rules: `{xc.name}` is between {lo} and {hi}{unit}, both bounds included; `{cat.name}` is '
                f'exactly one of {", ".join(f"`{a}`" for a in allowed)}; `{dc}` is a real date written YYYY-MM-DD; `{tc}` is not empty. '
