@@ -226,6 +226,27 @@ def _as_judge(judge):
     if judge is None or hasattr(judge, 'complete_json'): return judge
     return LLMClient.from_spec(judge)
 
+def _audit_all(tasks:list, recs:list, judge, workers:int):
+    "Each task's LLM audit and its problems into its report entry (no judge: recorded as not checked)."
+    if judge is None:
+        for r in recs: r['not_checked']['llm_audit'] = 'no judge configured'
+        return
+    down = []   # circuit breaker: after 3 connection failures in a row, the remaining audits are skipped
+    def audit(i):
+        if len(down) >= 3: return i, None, f'audit skipped: judge unreachable ({down[-1]})'
+        try: a = llm_audit(tasks[i], judge); down.clear(); return i, a, None
+        except Exception as e:
+            if 'APIConnectionError' in str(e): down.append(str(e)[:120])
+            return i, None, f'{type(e).__name__}: {e}'
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for i, a, err in pool.map(audit, range(len(tasks))):
+            recs[i]['llm_audit'] = a
+            if err: recs[i]['problems'].append(_problem('llm_audit_error', err)); continue
+            recs[i]['checked'].append('llm_audit')
+            if a.get('has_factual_error'): recs[i]['problems'].append(_problem('llm_factual_error', a.get('reason', '')))
+            if a.get('has_answer_leak'): recs[i]['problems'].append(_problem('llm_answer_leak', a.get('reason', '')))
+
+
 # %% ../../nbs/syndata/06_validate.ipynb #77d176f6
 def validate_tasks(tasks:list,                # `Task`s to validate
                    provider:str='auto',       # Sandbox provider: auto | bwrap | local | docker
@@ -281,23 +302,7 @@ def validate_tasks(tasks:list,                # `Task`s to validate
     for i, (j, s) in dups.items():
         recs[i]['problems'].append(_problem('near_duplicate', f'instruction {s:.2f} similar to {tasks[j].task_id} (kept)'))
     judge = _as_judge(judge)
-    if judge is not None:
-        down = []   # circuit breaker: after 3 connection failures in a row, the remaining audits are skipped
-        def audit(i):
-            if len(down) >= 3: return i, None, f'audit skipped: judge unreachable ({down[-1]})'
-            try: a = llm_audit(tasks[i], judge); down.clear(); return i, a, None
-            except Exception as e:
-                if 'APIConnectionError' in str(e): down.append(str(e)[:120])
-                return i, None, f'{type(e).__name__}: {e}'
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for i, a, err in pool.map(audit, range(len(tasks))):
-                recs[i]['llm_audit'] = a
-                if err: recs[i]['problems'].append(_problem('llm_audit_error', err)); continue
-                recs[i]['checked'].append('llm_audit')
-                if a.get('has_factual_error'): recs[i]['problems'].append(_problem('llm_factual_error', a.get('reason', '')))
-                if a.get('has_answer_leak'): recs[i]['problems'].append(_problem('llm_answer_leak', a.get('reason', '')))
-    else:
-        for r in recs: r['not_checked']['llm_audit'] = 'no judge configured'
+    _audit_all(tasks, recs, judge, workers)
     for r in recs: r['kept'] = not r['problems']
     wall = time.monotonic() - t0
     nb, ne = sum(1 for m in modes.values() if m == 'batched'), sum(1 for t in et) + len(lost)
