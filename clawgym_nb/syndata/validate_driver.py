@@ -41,6 +41,8 @@ class ForkedPython:
         self.args, self.returncode, self._lock = ['python3', '-'], None, threading.Lock()
         self.pid = os.fork()
         if self.pid == 0: self._child(src, cwd, env, path, r, w)   # never returns
+        try: os.setpgid(self.pid, self.pid)   # also here: a kill right after the fork must reach the child's group
+        except OSError: pass
         os.close(w)
         self.stdout, self.stdin = os.fdopen(r, 'rb', buffering=0), open(os.devnull, 'wb')
 
@@ -48,7 +50,7 @@ class ForkedPython:
     def _child(src, cwd, env, path, r, w):
         code = 1
         try:
-            os.close(r); signal.signal(signal.SIGALRM, signal.SIG_DFL); os.setsid(); os.chdir(cwd)
+            os.close(r); signal.signal(signal.SIGALRM, signal.SIG_DFL); os.setpgid(0, 0); os.chdir(cwd)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0); os.dup2(w, 1); os.dup2(w, 2); os.close(w)
             sys.stdin, sys.stdout, sys.stderr = (io.open(0, closefd=False), io.open(1, 'w', closefd=False), io.open(2, 'w', closefd=False))
             sys.argv, sys.path[:] = ['-'], ['', *path]
