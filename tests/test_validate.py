@@ -1,14 +1,16 @@
 """Task validation by running: demo tasks pass, broken tasks are caught with the right code, imported tasks report what could be checked."""
-import dataclasses, json
+import dataclasses, json, subprocess, sys
 from pathlib import Path
 import pytest
+from clawgym_nb.core.basics import shared_dir
 from clawgym_nb.env.demo_tasks import make_demo_tasks, write_demo_store
 from clawgym_nb.env.sandboxes import available_providers
 from clawgym_nb.env.tasks import pinchbench_reward_files, import_pinchbench
 from clawgym_nb.syndata.validate import validate_tasks, validate_store, format_report, near_duplicates, expected_leaks, batchable
+from clawgym_nb.syndata.validate_driver import DRIVER_MODULE, library_dir
 
 PROVIDER = 'bwrap' if available_providers().get('bwrap') is None else 'local'
-PB = Path('/work/shared/data/pinchbench')
+PB = shared_dir()/'data'/'pinchbench'
 
 
 def codes(rep):
@@ -87,7 +89,7 @@ def test_store_json_shape_and_bad_folder(tmp_path):
     assert 'skipped 1' in format_report(rep)
 
 
-@pytest.mark.skipif(not (PB/'tasks').is_dir(), reason='PinchBench data not present at /work/shared/data/pinchbench')
+@pytest.mark.skipif(not (PB/'tasks').is_dir(), reason='PinchBench data not present (shared/data/pinchbench)')
 def test_pinchbench_imported(tmp_path):
     ids, errs = import_pinchbench(PB, tmp_path)
     rep = validate_store(tmp_path, provider=PROVIDER, progress=False, workers=2)
@@ -125,3 +127,66 @@ def test_llm_audit_with_a_judge_endpoint(tmp_path):
     # an unreachable judge is a per-task problem, not a crash
     rep = validate_tasks(tasks[1:], provider=PROVIDER, progress=False, judge=f'openai:judge@{srv.base_url}')
     assert codes(rep)[tasks[1].task_id] == ['llm_audit_error']
+
+
+def test_the_driver_imports_only_the_standard_library():
+    "The batch driver runs on the sandbox's system python3: nothing it imports may come from site-packages."
+    src = (f'import json, sys; sys.path.insert(0, {str(library_dir())!r}); import {DRIVER_MODULE}; '
+           'print(json.dumps(sorted({m.split(".")[0] for m in sys.modules})))')
+    mods = json.loads(subprocess.run([sys.executable, '-S', '-I', '-c', src], capture_output=True, text=True, check=True).stdout)
+    assert 'clawgym_nb' in mods
+    assert [m for m in mods if m not in sys.stdlib_module_names and m not in ('clawgym_nb', '__main__')] == []
+
+
+def _sum_task(tid, **kw):
+    base = make_demo_tasks(1, kinds=['csv_sum'])[0]
+    return dataclasses.replace(base, task_id=tid, prompt=f'{tid}: ' + base.prompt, **kw)
+
+
+def test_batched_reference_writes_go_through_the_tools():
+    "A reference step that writes outside its workspace gets the tools' own error, and the reference is reported below 1."
+    total = _sum_task('x').metadata['gold_actions'][-1]['say'].split()[-1].rstrip('.')
+    t = _sum_task('escapes', metadata={'gold_actions': [{'tool': 'write', 'args': {'path': '../../output/total.txt', 'content': total}},
+                                                        {'tool': 'write', 'args': {'path': '/etc/total.txt', 'content': total}}]})
+    r = validate_tasks([t], provider=PROVIDER, mode='batched', progress=False)['tasks'][0]
+    assert [p['code'] for p in r['problems']] == ['reference_below_1'] and r['reference_score'] == 0
+    msg = r['problems'][0]['message']
+    assert 'step 0: write: Error: path escapes the workspace' in msg and 'step 1: write: Error: absolute path outside the workspace' in msg
+
+
+def _rules_task(tid, want_file, same):
+    "A task whose reward folder is check.py + a sibling module `rules.py` + criteria.json (as synthesised tasks ship it)."
+    check = pinchbench_reward_files(
+        'import json, os\nfrom rules import matches\n'
+        'def grade(transcript, workspace_path):\n'
+        '    crit = json.load(open(os.path.join(os.path.dirname(__file__), "criteria.json")))\n'
+        '    return {"total": matches(os.path.join(workspace_path, crit["path"]), crit["want"])}\n')
+    rules = ('def matches(p, want):\n    import os\n    return float(os.path.isfile(p) and open(p).read().strip() == want)\n' if same else
+             'def matches(p, want):\n    import os\n    return float(os.path.isfile(p) and open(p).read().strip() != want)\n')
+    crit = json.dumps({'path': want_file, 'want': '2900' if same else 'anything else'}).encode()
+    return _sum_task(tid, reward_files={**check, 'rules.py': rules.encode(), 'criteria.json': crit})
+
+
+def test_a_reward_folder_of_several_files_grades_alike_in_both_modes():
+    "Two tasks of one batch each import their own `rules` module from their reward folder; batched and episode agree."
+    tasks = [_rules_task('rules_equal', 'output/total.txt', True), _rules_task('rules_differ', 'output/total.txt', False)]
+    reps = {m: validate_tasks(tasks, provider=PROVIDER, mode=m, progress=False, dedup_threshold=1.01) for m in ('batched', 'episode')}
+    key = lambda r: (r['task_id'], r['reference_score'], r['noop_score'], r['grader_ok'])
+    assert [key(r) for r in reps['batched']['tasks']] == [key(r) for r in reps['episode']['tasks']]
+    assert [key(r) for r in reps['batched']['tasks']] == [('rules_equal', 1.0, 0.0, True), ('rules_differ', 1.0, 0.0, True)]
+    assert reps['batched']['summary']['modes'] == {'batched': 2}
+
+
+@pytest.mark.skipif(PROVIDER == 'local', reason='the local sandbox shows the whole host')
+def test_the_reference_never_sees_a_grader():
+    "The graders reach the batch sandbox only after the task's reference has finished (the spec comes on stdin)."
+    look = ("mkdir -p output && find /root /opt /tmp -name 'check.py' -o -name 'criteria.json' -o -name 'spec.json' 2>/dev/null"
+            " > output/found.txt; awk -F, 'NR>1{s+=$2} END{print s}' input/sales.csv > output/total.txt")
+    grader = pinchbench_reward_files(
+        'def grade(transcript, workspace_path):\n    import os\n    p = os.path.join(workspace_path, "output", "found.txt")\n'
+        '    return {"nothing_found": float(os.path.isfile(p) and open(p).read().strip() == "")}\n')
+    tasks = [_sum_task(f'looks_{i}', metadata={'gold_actions': [{'tool': 'exec', 'args': {'command': look}}]}, reward_files=grader)
+             for i in range(3)]
+    for mode in ('batched', 'episode'):
+        rep = validate_tasks(tasks, provider=PROVIDER, mode=mode, progress=False, dedup_threshold=1.01)
+        assert [r['reference_score'] for r in rep['tasks']] == [1.0] * 3, (mode, format_report(rep))

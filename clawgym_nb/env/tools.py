@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/02_tools.ipynb #e3e00851
 from __future__ import annotations
-import errno, json, threading, time
+import errno, json, os, select, threading, time
 from ..core.basics import ClawError
 from .sandbox import Sandbox, BackgroundProcess
 
@@ -91,6 +91,18 @@ def truncate_tail(text:str) -> str:
 _MODEL_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
                  errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EFBIG, errno.ETXTBSY}
 
+class _ExitWatch:
+    "Sleeps that end early when the job's process exits (a pidfd, where the kernel has them; plain sleeps elsewhere)."
+    def __init__(self, proc):
+        try: self.fd = os.pidfd_open(proc.p.pid)
+        except (AttributeError, OSError): self.fd = None
+    def sleep(self, seconds:float):
+        if self.fd is None: time.sleep(seconds)
+        else: select.select([self.fd], [], [], seconds)
+    def __enter__(self): return self
+    def __exit__(self, *exc):
+        if self.fd is not None: os.close(self.fd)
+
 class _Job:
     "A command running (or finished) in the background, as the process tool sees it."
     def __init__(self, proc:BackgroundProcess, command:str, timeout:float):
@@ -105,8 +117,9 @@ class _Job:
     def wait(self, seconds:float) -> int|None:
         "Wait up to `seconds` for the job to end; then wait briefly for its output to settle. Returns the exit code."
         end, pause = time.monotonic() + seconds, 0.002
-        while (rc := self.proc.poll()) is None and time.monotonic() < end:
-            time.sleep(min(pause, max(end - time.monotonic(), 0))); pause = min(pause * 2, 0.05)
+        with _ExitWatch(self.proc) as watch:
+            while (rc := self.proc.poll()) is None and time.monotonic() < end:
+                watch.sleep(min(pause, max(end - time.monotonic(), 0))); pause = min(pause * 2, 0.05)
         if rc is not None:
             self.timer.cancel()
             reader = getattr(self.proc, '_t', None)  # the sandbox's output reader may still be draining the pipe
@@ -127,6 +140,7 @@ class _Job:
         return f'exited with code {rc}'
 
 
+# %% ../../nbs/env/02_tools.ipynb #94b3d9ee
 class ToolBox:
     "OpenClaw's coding tools bound to one sandbox: `.schemas` for the model, `.call(name, arguments)` for each tool call."
     def __init__(self, sandbox:Sandbox,          # Where files live and commands run

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/syndata/06_validate.ipynb #cf1304d6
 from __future__ import annotations
-import base64, json, math, os, re, shutil, tempfile, time
+import json, math, os, re, shutil, tempfile, time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -15,12 +15,13 @@ from ..env.transcript import openai_to_openclaw
 from ..env.sandbox import SandboxLimits
 from ..env.sandboxes import make_sandbox, default_provider
 from ..env.agent import run_episode
-from ..env.grading import run_code_check
+from ..env.grading import run_code_check, parse_reward_output
 from ..env.llm import AUDIT_SCHEMA, LLMClient
+from .validate_driver import DRIVER_MODULE, LIB_MOUNT, blob, library_dir
 
 # %% auto #0
-__all__ = ['PROBLEM_CODES', 'DRIVER_SRC', 'AUDIT_PROMPT', 'batchable', 'expected_leaks', 'jaccard', 'near_duplicates',
-           'llm_audit', 'validate_tasks', 'validate_store', 'format_report']
+__all__ = ['PROBLEM_CODES', 'AUDIT_PROMPT', 'batchable', 'expected_leaks', 'jaccard', 'near_duplicates', 'llm_audit',
+           'validate_tasks', 'validate_store', 'format_report']
 
 # %% ../../nbs/syndata/06_validate.ipynb #6fcda14c
 PROBLEM_CODES = {
@@ -44,7 +45,7 @@ _STD_REWARD_SH = pinchbench_reward_files('def grade(transcript, workspace_path):
 def _gold(task) -> list|None: return (task.metadata or {}).get('gold_actions') or None
 def _has_code_grader(task) -> bool: return task.grading_type in ('automated', 'hybrid') and 'reward.sh' in (task.reward_files or {})
 def batchable(task) -> bool:
-    "True when the task's reward entry point is the standard one around `check.py`, so a driver can call `grade()` directly."
+    "True when the task's reward entry point is the standard one around `check.py`, so the batch driver can run it as `reward.sh` does."
     rf = task.reward_files or {}
     return _has_code_grader(task) and 'check.py' in rf and rf.get('reward.sh') == _STD_REWARD_SH
 
@@ -104,230 +105,47 @@ def _transcripts(task) -> tuple[list, list]:
         ref += [assistant_message(None, [c]), {'role': 'tool', 'tool_call_id': c['id'], 'content': '(not recorded in batched validation)'}]
     return openai_to_openclaw(ref), openai_to_openclaw(noop)
 
-def _blob(b:bytes) -> dict:
-    try: return {'t': b.decode('utf-8')}
-    except UnicodeDecodeError: return {'b': base64.b64encode(b).decode()}
+def _driver_task(task) -> dict:
+    "One task as the batch driver reads it (file contents as `validate_driver.blob`s, the whole reward folder included)."
+    ref_tr, noop_tr = _transcripts(task)
+    return {'task_id': task.task_id, 'instruction': task.prompt, 'files': {k: blob(v) for k, v in task.files.items()},
+            'actions': _gold(task), 'reward_files': {k: blob(v) for k, v in task.reward_files.items()},
+            'ref_transcript': ref_tr, 'noop_transcript': noop_tr}
 
-# %% ../../nbs/syndata/06_validate.ipynb #7ce32111
-DRIVER_SRC = r'''# clawgym-nb batched validation driver: stdlib only, runs INSIDE one sandbox for a whole batch of tasks.
-import base64, contextlib, io, json, math, os, re, shutil, signal, subprocess, sys, time
-spec_path, work, results_path = sys.argv[1], sys.argv[2], sys.argv[3]
-with open(spec_path, encoding='utf-8') as f: spec = json.load(f)
-MOUNT, ETO, GTO = spec['mount'], spec['exec_timeout'], spec['grade_timeout']
-TOK = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.,:@%/+-]*[A-Za-z0-9%]')
-DIGIT = re.compile(r'[0-9]')   # computed values: numbers, ids, dates (a word like 'tests' is too likely by chance)
-out = open(results_path, 'a', encoding='utf-8', buffering=1)
-
-class GradeTimeout(Exception): pass
-def _alarm(*a): raise GradeTimeout(f'grade() ran past {GTO:g} s')
-signal.signal(signal.SIGALRM, _alarm)
-
-def blob(v): return base64.b64decode(v['b']) if 'b' in v else v['t'].encode('utf-8')
-
-def inside(ws, p):
-    "Host-of-sandbox path of `p` inside workspace `ws`, or ValueError on escape."
-    p = str(p)
-    if p == MOUNT or p.startswith(MOUNT + '/'): p = p[len(MOUNT):].lstrip('/')
-    if os.path.isabs(p): raise ValueError(f'absolute path outside the workspace: {p}')
-    real, base = os.path.realpath(os.path.join(ws, p)), os.path.realpath(ws)
-    if real != base and not real.startswith(base + os.sep): raise ValueError(f'path escapes the workspace: {p}')
-    return real
-
-def materialise(ws, files):
-    os.makedirs(ws, exist_ok=True)
-    for rel, v in files.items():
-        p = inside(ws, rel); os.makedirs(os.path.dirname(p), exist_ok=True)
-        with open(p, 'wb') as f: f.write(blob(v))
-
-def arg(a, *keys):
-    for k in keys:
-        if k in a: return a[k]
-    return None
-
-PY_HEREDOC = re.compile(r"python3 - <<'(\w+)'\n(.*)\n\1\n?", re.S)
-FAST_PY = spec.get('fast_python', True)
-
-def run_python_forked(src, cwd, timeout):
-    "Run a `python3 - <<'EOF'` script in a fork of this interpreter (saves the ~10 ms interpreter start); a note if it failed."
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:   # child: behave like `python3 -` started in cwd with an empty stdin
-        code = 1
-        try:
-            os.close(r); signal.signal(signal.SIGALRM, signal.SIG_DFL); os.setsid(); os.chdir(cwd)
-            nul = os.open(os.devnull, os.O_RDWR); os.dup2(nul, 0); os.dup2(nul, 1); os.dup2(w, 2)
-            sys.stdin, sys.stdout, sys.stderr = open(0, closefd=False), open(1, 'w', closefd=False), open(2, 'w', closefd=False)
-            sys.argv = ['-']; sys.path[0] = ''
-            try: exec(compile(src, '<stdin>', 'exec'), {'__name__': '__main__', '__builtins__': __builtins__}); code = 0
-            except SystemExit as e: code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                import traceback; traceback.print_exc()
-            sys.stdout.flush(); sys.stderr.flush()
-        finally: os._exit(code)
-    os.close(w)
-    deadline, err = time.monotonic() + timeout, b''
-    os.set_blocking(r, False)
-    while True:
-        try:
-            chunk = os.read(r, 65536)
-            if chunk: err = (err + chunk)[-4000:]
-        except BlockingIOError: pass
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done: break
-        if time.monotonic() > deadline:
-            try: os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError: pass
-            os.waitpid(pid, 0); os.close(r); return 'python timed out'
-        time.sleep(0.0005)
-    try:
-        while True:
-            chunk = os.read(r, 65536)
-            if not chunk: break
-            err = (err + chunk)[-4000:]
-    except (BlockingIOError, OSError): pass
-    os.close(r)
-    rc = os.waitstatus_to_exitcode(status)
-    return f'python exited {rc}: {err.decode(errors="replace").strip()[-200:]}' if rc else None
-
-def play(ws, actions):
-    "Apply the reference actions in `ws`; returns a list of one-line notes about steps that failed."
-    notes = []
-    for n, a in enumerate(actions):
-        if 'say' in a or not a.get('tool'): continue
-        tool, args = a['tool'], a.get('args') or {}
-        try:
-            if tool == 'write':
-                p = inside(ws, arg(args, 'path', 'file_path', 'filePath', 'file')); os.makedirs(os.path.dirname(p), exist_ok=True)
-                c = args.get('content', ''); c = c if isinstance(c, str) else json.dumps(c)
-                with open(p, 'w', encoding='utf-8') as f: f.write(c)
-            elif tool == 'edit':
-                p = inside(ws, arg(args, 'path', 'file_path', 'filePath', 'file'))
-                old, new = arg(args, 'oldText', 'old_string'), arg(args, 'newText', 'new_string') or ''
-                with open(p, encoding='utf-8') as f: text = f.read()
-                if not old or text.count(old) != 1: notes.append(f'step {n}: edit: oldText found {text.count(old) if old else 0} times'); continue
-                with open(p, 'w', encoding='utf-8') as f: f.write(text.replace(old, new, 1))
-            elif tool == 'exec':
-                cmd = str(args.get('command', '')).replace(MOUNT, ws)
-                cwd = inside(ws, arg(args, 'workdir', 'cwd') or '.')
-                m = PY_HEREDOC.fullmatch(cmd) if FAST_PY else None
-                if m:
-                    note = run_python_forked(m.group(2), cwd, float(args.get('timeout') or ETO))
-                    if note: notes.append(f'step {n}: exec: {note}')
-                    continue
-                p = subprocess.Popen(['bash', '-c', cmd], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
-                try:
-                    _, err = p.communicate(timeout=float(args.get('timeout') or ETO))
-                    if p.returncode: notes.append(f'step {n}: exec exited {p.returncode}: {err.decode(errors="replace").strip()[-200:]}')
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL); p.communicate(); notes.append(f'step {n}: exec timed out')
-            elif tool in ('read', 'process'): pass
-            else: notes.append(f'step {n}: unsupported tool {tool!r}')
-        except Exception as e: notes.append(f'step {n}: {tool}: {type(e).__name__}: {e}'[:300])
-    return notes
-
-def grade(code, check_path, ws, transcript):
-    "{score, subscores, error} of one grading (mean of the clamped sub-scores, as the reward entry point computes it)."
-    g = {'__name__': 'clawgym_check', '__file__': check_path}
-    here = os.getcwd()
-    try:
-        os.chdir(ws); signal.setitimer(signal.ITIMER_REAL, GTO)
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(code, g)
-            scores = g['grade'](transcript, ws)
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        sub = {}
-        for k, v in dict(scores).items():
-            v = float(v); sub[str(k)] = min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
-        return {'score': sum(sub.values()) / len(sub) if sub else 0.0, 'subscores': sub, 'error': None}
-    except BaseException as e:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        if isinstance(e, KeyboardInterrupt): raise
-        return {'score': None, 'subscores': None, 'error': f'{type(e).__name__}: {" ".join(str(e).split())}'[:300]}
-    finally: os.chdir(here)
-
-def leaks(ws, init, instruction, actions_text):
-    "Literals the reference COMPUTED (in an output, not in any input file nor typed in its actions) that the instruction states."
-    inputs = b'\n'.join(blob(v) for v in init.values()).decode('utf-8', 'replace')
-    cands = set()
-    for dp, dn, fn in os.walk(ws):
-        for name in fn:
-            p = os.path.join(dp, name); rel = os.path.relpath(p, ws)
-            try:
-                with open(p, 'rb') as f: data = f.read(65536)
-            except OSError: continue
-            if rel in init and blob(init[rel])[:65536] == data: continue
-            cands |= {t for t in TOK.findall(data.decode('utf-8', 'replace')) if len(t) >= 3 and DIGIT.search(t)}
-    found = []
-    for t in sorted(cands):
-        if t in inputs or t in actions_text: continue
-        if re.search(r'(?<![\w.])' + re.escape(t) + r'(?![\w])', instruction, re.I): found.append(t)
-    return found[:10]
-
-for i, t in enumerate(spec['tasks']):
-    t0 = time.perf_counter(); base = os.path.join(work, f't{i:05d}')
-    res = {'i': i, 'task_id': t['task_id'], 'ref': None, 'noop': None, 'empty': None, 'ref_notes': [], 'leaks': []}
-    ph = res['phase_s'] = {'files': 0.0, 'play': 0.0, 'grade': 0.0, 'leaks': 0.0}
-    try:
-        check_path = os.path.join(os.path.dirname(spec_path), t['check'])
-        with open(check_path, encoding='utf-8') as f: src = f.read()
-        try: code = compile(src, check_path, 'exec')
-        except SyntaxError as e: code = None; cerr = f'SyntaxError: {e.msg} (line {e.lineno})'
-        def run(name, files, transcript, actions=None):
-            t1 = time.perf_counter(); ws = os.path.join(base, name); materialise(ws, files)
-            t2 = time.perf_counter()
-            if actions is not None: res['ref_notes'] = play(ws, actions)
-            t3 = time.perf_counter()
-            r = grade(code, check_path, ws, transcript) if code else {'score': None, 'subscores': None, 'error': cerr}
-            ph['files'] += t2 - t1; ph['play'] += t3 - t2; ph['grade'] += time.perf_counter() - t3
-            return ws, r
-        res['empty'] = run('empty', {}, [])[1]
-        res['noop'] = run('noop', t['files'], t['noop_transcript'])[1]
-        if t.get('actions') is not None:
-            ws, res['ref'] = run('ref', t['files'], t['ref_transcript'], t['actions'])
-            t4 = time.perf_counter()
-            res['leaks'] = leaks(ws, t['files'], t['instruction'], json.dumps([a for a in t['actions'] if 'say' not in a], ensure_ascii=False))
-            ph['leaks'] = time.perf_counter() - t4
-    except Exception as e: res['driver_error'] = f'{type(e).__name__}: {e}'[:300]
-    t5 = time.perf_counter(); shutil.rmtree(base, ignore_errors=True); ph['cleanup'] = time.perf_counter() - t5
-    for k in ph: ph[k] = round(ph[k], 5)
-    res['wall_s'] = round(time.perf_counter() - t0, 4)
-    out.write(json.dumps(res) + '\n')
-'''
+def _scored(raw:dict|None) -> dict|None:
+    "`{score, subscores, error}` of one grading from the driver's raw `check.py` run, its stdout parsed as episode mode parses it."
+    if raw is None: return None
+    if raw.get('error'): return {'score': None, 'subscores': None, 'error': raw['error']}
+    p = parse_reward_output(raw.get('stdout') or '')
+    return {'score': p['score'], 'subscores': p['subscores'], 'error': p['error'] and f"{p['error_class']}: {p['error']}"}
 
 # %% ../../nbs/syndata/06_validate.ipynb #91a3beb2
 def _run_batch(tasks:list, provider:str, exec_timeout:float, grade_timeout:float, fast_python:bool=True) -> dict[str, dict]:
-    "Validate a batch of tasks in ONE sandbox: task id -> the driver's result (tasks missing from it failed in the driver)."
-    tmp = Path(tempfile.mkdtemp(prefix='clawgym-validate-'))
+    "Validate a batch of tasks in ONE sandbox with `validate_driver`: task id -> its result (tasks missing from it failed in the driver)."
+    work = Path(tempfile.mkdtemp(prefix='clawgym-validate-'))
     try:
-        grader, work = tmp/'grader', tmp/'work'; grader.mkdir(); work.mkdir()
-        spec = {'mount': WORKSPACE_MOUNT, 'exec_timeout': exec_timeout, 'grade_timeout': grade_timeout, 'fast_python': fast_python, 'tasks': []}
-        for i, t in enumerate(tasks):
-            (grader/f'check_{i:05d}.py').write_bytes(t.reward_files['check.py'])
-            ref_tr, noop_tr = _transcripts(t)
-            spec['tasks'].append({'task_id': t.task_id, 'check': f'check_{i:05d}.py', 'instruction': t.prompt,
-                                  'files': {k: _blob(v) for k, v in t.files.items()}, 'actions': _gold(t),
-                                  'ref_transcript': ref_tr, 'noop_transcript': noop_tr})
-        (grader/'spec.json').write_text(json.dumps(spec, ensure_ascii=False), encoding='utf-8')
-        (grader/'driver.py').write_text(DRIVER_SRC, encoding='utf-8')
+        spec = {'mount': WORKSPACE_MOUNT, 'exec_timeout': exec_timeout, 'grade_timeout': grade_timeout,
+                'fast_python': fast_python, 'tasks': [_driver_task(t) for t in tasks]}
         (work/'results.jsonl').touch()
         lim = SandboxLimits(timeout=60 + len(tasks) * (exec_timeout + grade_timeout), memory_mb=4096, pids=512, tmp_mb=256)
-        prov = provider
-        g_in = '/opt/clawgym/validate'
-        with make_sandbox(prov, workspace=work, limits=lim, **({} if prov == 'local' else {'ro_binds': {str(grader): g_in}})) as sb:
-            gdir = str(grader) if sb.provider == 'local' else g_in
-            r = sb.exec(['python3', f'{gdir}/driver.py', f'{gdir}/spec.json', sb.root, f'{sb.root}/results.jsonl'])
+        lib = library_dir()   # the package's source, read-only inside the sandbox: it holds no grader and no secret
+        binds = {} if provider == 'local' else {'ro_binds': {str(lib/'clawgym_nb'): f'{LIB_MOUNT}/clawgym_nb'}}
+        with make_sandbox(provider, workspace=work, limits=lim, **binds) as sb:
+            local = sb.provider == 'local'
+            path = os.pathsep.join([str(lib)] + ([os.environ['PYTHONPATH']] if os.environ.get('PYTHONPATH') else [])) if local else LIB_MOUNT
+            r = sb.exec(['python3', '-m', DRIVER_MODULE, '-', sb.root, f'{sb.root}/results.jsonl'], env={'PYTHONPATH': path},
+                        input=json.dumps(spec, ensure_ascii=False))
         out = {}
         for line in (work/'results.jsonl').read_text(encoding='utf-8').splitlines():
             try: d = json.loads(line)
             except ValueError: continue
-            out[d['task_id']] = d
+            out[d['task_id']] = {**d, **{k: _scored(d.get(k)) for k in ('empty', 'noop', 'ref')}}
         if not r.ok and len(out) < len(tasks):
             why = 'timed out' if r.timed_out else f'exited {r.returncode}: {(r.stderr.strip().splitlines() or [""])[-1][:200]}'
             for t in tasks:
                 if t.task_id not in out: out[t.task_id] = {'driver_error': f'batch driver {why}'}
         return out
-    finally: shutil.rmtree(tmp, ignore_errors=True)
+    finally: shutil.rmtree(work, ignore_errors=True)
 
 # %% ../../nbs/syndata/06_validate.ipynb #75bb2000
 def _episode_checks(task, provider:str, timeout:float=120) -> dict:
@@ -408,6 +226,27 @@ def _as_judge(judge):
     if judge is None or hasattr(judge, 'complete_json'): return judge
     return LLMClient.from_spec(judge)
 
+def _audit_all(tasks:list, recs:list, judge, workers:int):
+    "Each task's LLM audit and its problems into its report entry (no judge: recorded as not checked)."
+    if judge is None:
+        for r in recs: r['not_checked']['llm_audit'] = 'no judge configured'
+        return
+    down = []   # circuit breaker: after 3 connection failures in a row, the remaining audits are skipped
+    def audit(i):
+        if len(down) >= 3: return i, None, f'audit skipped: judge unreachable ({down[-1]})'
+        try: a = llm_audit(tasks[i], judge); down.clear(); return i, a, None
+        except Exception as e:
+            if 'APIConnectionError' in str(e): down.append(str(e)[:120])
+            return i, None, f'{type(e).__name__}: {e}'
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for i, a, err in pool.map(audit, range(len(tasks))):
+            recs[i]['llm_audit'] = a
+            if err: recs[i]['problems'].append(_problem('llm_audit_error', err)); continue
+            recs[i]['checked'].append('llm_audit')
+            if a.get('has_factual_error'): recs[i]['problems'].append(_problem('llm_factual_error', a.get('reason', '')))
+            if a.get('has_answer_leak'): recs[i]['problems'].append(_problem('llm_answer_leak', a.get('reason', '')))
+
+
 # %% ../../nbs/syndata/06_validate.ipynb #77d176f6
 def validate_tasks(tasks:list,                # `Task`s to validate
                    provider:str='auto',       # Sandbox provider: auto | bwrap | local | docker
@@ -463,23 +302,7 @@ def validate_tasks(tasks:list,                # `Task`s to validate
     for i, (j, s) in dups.items():
         recs[i]['problems'].append(_problem('near_duplicate', f'instruction {s:.2f} similar to {tasks[j].task_id} (kept)'))
     judge = _as_judge(judge)
-    if judge is not None:
-        down = []   # circuit breaker: after 3 connection failures in a row, the remaining audits are skipped
-        def audit(i):
-            if len(down) >= 3: return i, None, f'audit skipped: judge unreachable ({down[-1]})'
-            try: a = llm_audit(tasks[i], judge); down.clear(); return i, a, None
-            except Exception as e:
-                if 'APIConnectionError' in str(e): down.append(str(e)[:120])
-                return i, None, f'{type(e).__name__}: {e}'
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            for i, a, err in pool.map(audit, range(len(tasks))):
-                recs[i]['llm_audit'] = a
-                if err: recs[i]['problems'].append(_problem('llm_audit_error', err)); continue
-                recs[i]['checked'].append('llm_audit')
-                if a.get('has_factual_error'): recs[i]['problems'].append(_problem('llm_factual_error', a.get('reason', '')))
-                if a.get('has_answer_leak'): recs[i]['problems'].append(_problem('llm_answer_leak', a.get('reason', '')))
-    else:
-        for r in recs: r['not_checked']['llm_audit'] = 'no judge configured'
+    _audit_all(tasks, recs, judge, workers)
     for r in recs: r['kept'] = not r['problems']
     wall = time.monotonic() - t0
     nb, ne = sum(1 for m in modes.values() if m == 'batched'), sum(1 for t in et) + len(lost)
