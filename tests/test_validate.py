@@ -2,7 +2,7 @@
 import dataclasses, json, subprocess, sys
 from pathlib import Path
 import pytest
-from clawgym_nb.core.basics import shared_dir
+from clawgym_nb.core.basics import external_data, missing_data
 from clawgym_nb.env.demo_tasks import make_demo_tasks, write_demo_store
 from clawgym_nb.env.sandboxes import available_providers
 from clawgym_nb.env.tasks import pinchbench_reward_files, import_pinchbench
@@ -10,7 +10,7 @@ from clawgym_nb.syndata.validate import validate_tasks, validate_store, format_r
 from clawgym_nb.syndata.validate_driver import DRIVER_MODULE, library_dir
 
 PROVIDER = 'bwrap' if available_providers().get('bwrap') is None else 'local'
-PB = shared_dir()/'data'/'pinchbench'
+PB = external_data('pinchbench').parent
 
 
 def codes(rep):
@@ -89,7 +89,7 @@ def test_store_json_shape_and_bad_folder(tmp_path):
     assert 'skipped 1' in format_report(rep)
 
 
-@pytest.mark.skipif(not (PB/'tasks').is_dir(), reason='PinchBench data not present (shared/data/pinchbench)')
+@pytest.mark.skipif(bool(missing_data('pinchbench')), reason=str(missing_data('pinchbench')))
 def test_pinchbench_imported(tmp_path):
     ids, errs = import_pinchbench(PB, tmp_path)
     rep = validate_store(tmp_path, provider=PROVIDER, progress=False, workers=2)
