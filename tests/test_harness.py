@@ -3,7 +3,7 @@
 A task whose answer is a secret that only its grader knows: an agent can only score by cheating. Each scripted
 malicious agent must score 0 (or be stopped), and the machine must stay healthy afterwards.
 """
-import os, shutil, tempfile, time
+import os, re, shutil, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest
@@ -48,16 +48,34 @@ def _descends_from_us(pid:str) -> bool:
         p = _ppid(str(p))
     return False
 
+def _container_of(pid:str) -> str|None:
+    "The docker container a process runs in (from its cgroup), or None for a host process."
+    try: m = re.search(r'docker[/-]([0-9a-f]{64})', (Path('/proc')/pid/'cgroup').read_text())
+    except OSError: return None
+    return m.group(1) if m else None
+
+def _foreign_containers() -> set:
+    "Containers on the engine that another live process created (a neighbour's sandboxes, not our leftovers)."
+    if available_providers().get('docker') is not None: return set()
+    from clawgym_nb.env.docker_sandbox import project_containers, owner_id, owner_gone, OWNER_LABEL
+    return {c.id for c in project_containers() if c.labels.get(OWNER_LABEL) != owner_id() and not owner_gone(c.labels.get(OWNER_LABEL, ''))}
+
 def _sandbox_processes() -> list[str]:
-    "Leftovers: our own bwrap sandboxes (other programs on the machine may run theirs), and the tamper agents' sleeps anywhere."
-    out = []
+    "Leftovers: our own bwrap sandboxes, the tamper agents' sleeps anywhere, and every process in a container of ours."
+    out, foreign = [], _foreign_containers()   # another run's live containers on a shared engine are not our leftovers
     for pid in os.listdir('/proc'):
         if not pid.isdigit(): continue
         try: cmd = (Path('/proc')/pid/'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
         except OSError: continue
         ours = 'bwrap' in cmd.split(' ')[0] and _descends_from_us(pid)
-        if ours or 'sleep 100000' in cmd or 'sleep infinity' in cmd: out.append(f'{pid}: {cmd[:80]}')
+        if (ours or 'sleep 100000' in cmd or 'sleep infinity' in cmd) and _container_of(pid) not in foreign: out.append(f'{pid}: {cmd[:80]}')
     return out
+
+def _our_containers() -> list[str]:
+    "Containers this process created that still exist (the docker provider must remove each one at close())."
+    if available_providers().get('docker') is not None: return []
+    from clawgym_nb.env.docker_sandbox import project_containers, owner_id
+    return [c.name for c in project_containers(owner_id())]
 
 
 def _temp_entries() -> set:
@@ -81,7 +99,7 @@ def test_tamper_agent_scores_zero(provider, script):
     assert time.monotonic() - t0 < 90, 'the episode was not stopped in time'
     assert rec['error_class'] in (None, 'grader_timeout'), rec
     assert not rec['final_score'], rec          # 0 (or None when the grader itself was stopped)
-    assert _sandbox_processes() == []
+    assert _sandbox_processes() == [] and _our_containers() == []
     assert _temp_entries() - before_tmp == set()
     assert shutil.disk_usage('/').free > 2 * 2**30, 'the disk filled up'
     assert not Path('/etc/check.py').exists() and not Path('/etc/reward.sh').exists(), 'the grader wrote through a symlink'
@@ -96,7 +114,7 @@ def test_64_concurrent_episodes_leak_nothing(provider):
         recs = list(ex.map(lambda t: run_episode(t, 'scripted:gold', provider=provider).record, tasks))
     assert [r['error_class'] for r in recs] == [None] * 64, [r['error'] for r in recs if r['error_class']]
     assert all(r['final_score'] == 1.0 for r in recs), [r for r in recs if r['final_score'] != 1.0][:2]
-    assert _sandbox_processes() == []
+    assert _sandbox_processes() == [] and _our_containers() == []
     assert _temp_entries() - before_tmp == set()
 
 
