@@ -12,6 +12,7 @@ from clawgym_nb.env.agent import run_episode
 from clawgym_nb.env.policies import TAMPER_SCRIPTS
 from clawgym_nb.env.sandboxes import available_providers
 from clawgym_nb.env.demo_tasks import make_demo_tasks
+from clawgym_nb.env.docker_sandbox import docker_client, project_containers, owner_id, owner_gone, OWNER_LABEL
 
 SECRET = 'k7Q-secret-9Zr'
 GRADE = f'''def grade(transcript, workspace_path):
@@ -54,27 +55,31 @@ def _container_of(pid:str) -> str|None:
     except OSError: return None
     return m.group(1) if m else None
 
-def _foreign_containers() -> set:
-    "Containers on the engine that another live process created (a neighbour's sandboxes, not our leftovers)."
-    if available_providers().get('docker') is not None: return set()
-    from clawgym_nb.env.docker_sandbox import project_containers, owner_id, owner_gone, OWNER_LABEL
-    return {c.id for c in project_containers() if c.labels.get(OWNER_LABEL) != owner_id() and not owner_gone(c.labels.get(OWNER_LABEL, ''))}
+def _foreign(cid:str|None, seen:dict) -> bool:
+    "True for a container that is not our leftover: a live neighbour's sandbox on a shared engine, or one removed meanwhile."
+    if cid is None: return False
+    if cid not in seen:
+        import docker
+        try: owner = (docker_client().api.inspect_container(cid)['Config']['Labels'] or {}).get(OWNER_LABEL, '')
+        except docker.errors.NotFound: seen[cid] = True; return True   # removed meanwhile: its processes go with it
+        seen[cid] = owner != owner_id() and not owner_gone(owner)
+    return seen[cid]
 
 def _sandbox_processes() -> list[str]:
     "Leftovers: our own bwrap sandboxes, the tamper agents' sleeps anywhere, and every process in a container of ours."
-    out, foreign = [], _foreign_containers()   # another run's live containers on a shared engine are not our leftovers
+    out, seen = [], {}
     for pid in os.listdir('/proc'):
         if not pid.isdigit(): continue
         try: cmd = (Path('/proc')/pid/'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
         except OSError: continue
         ours = 'bwrap' in cmd.split(' ')[0] and _descends_from_us(pid)
-        if (ours or 'sleep 100000' in cmd or 'sleep infinity' in cmd) and _container_of(pid) not in foreign: out.append(f'{pid}: {cmd[:80]}')
+        if (ours or 'sleep 100000' in cmd or 'sleep infinity' in cmd) and not _foreign(_container_of(pid), seen):
+            out.append(f'{pid}: {cmd[:80]}')
     return out
 
 def _our_containers() -> list[str]:
     "Containers this process created that still exist (the docker provider must remove each one at close())."
     if available_providers().get('docker') is not None: return []
-    from clawgym_nb.env.docker_sandbox import project_containers, owner_id
     return [c.name for c in project_containers(owner_id())]
 
 

@@ -281,7 +281,7 @@ def project_containers(owner:str|None=None) -> list:
     "This project's containers on the engine: all of them, or those whose owner label is `owner` (e.g. `owner_id()`)."
     client = docker_client()
     if client is None: return []
-    return client.containers.list(all=True, filters={'label': f'{OWNER_LABEL}={owner}' if owner else LABEL})
+    return client.containers.list(all=True, filters={'label': f'{OWNER_LABEL}={owner}' if owner else LABEL}, ignore_removed=True)
 
 def cleanup_containers(every:bool=False) -> int:
     "Remove the containers of processes that have ended (or `every` one of this project's); returns how many."
