@@ -98,7 +98,8 @@ class DockerEngineError(RuntimeError):
 def _busy(e:BaseException) -> bool:
     "An engine answer worth retrying: a timeout, a broken connection, a 5xx, or a 409 'already in progress'."
     import docker, requests
-    if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)): return True
+    slow = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+    if isinstance(e, slow) or isinstance(e.__cause__, slow): return True   # the cause: the client's first API-version query
     if isinstance(e, docker.errors.APIError) and e.status_code:
         return e.status_code >= 500 or (e.status_code == 409 and 'in progress' in str(e))
     return False
