@@ -169,6 +169,12 @@ def _engine() -> _Engine:
         if _ENGINE is None: _ENGINE = _Engine(int(os.environ.get('CLAWGYM_DOCKER_SLOTS') or 4 * (os.cpu_count() or 1)))
         return _ENGINE
 
+def _forget_engine():
+    "A forked child gets its own engine handle: the parent's connections, slots and locks are not its to use."
+    global _ENGINE, _ENGINE_LOCK
+    _ENGINE, _ENGINE_LOCK = None, threading.Lock()
+os.register_at_fork(after_in_child=_forget_engine)
+
 # %% ../../nbs/env/01a_docker_sandbox.ipynb #1f152fa8
 class DockerSandbox(Sandbox):
     "One container per task: no network, memory/pids/CPU limits, workspace bind-mounted, removed at close()."
