@@ -60,13 +60,15 @@ def _foreign(cid:str|None, seen:dict) -> bool:
     if cid is None: return False
     if cid not in seen:
         import docker
-        try: owner = (docker_client().api.inspect_container(cid)['Config']['Labels'] or {}).get(OWNER_LABEL, '')
+        client = docker_client()
+        if client is None: return False                                # no engine to ask: count it
+        try: owner = (client.api.inspect_container(cid)['Config']['Labels'] or {}).get(OWNER_LABEL, '')
         except docker.errors.NotFound: seen[cid] = True; return True   # removed meanwhile: its processes go with it
         seen[cid] = owner != owner_id() and not owner_gone(owner)
     return seen[cid]
 
 def _sandbox_processes() -> list[str]:
-    "Leftovers: our own bwrap sandboxes, the tamper agents' sleeps anywhere, and every process in a container of ours."
+    "Leftovers: our own bwrap sandboxes and the tamper agents' sleeps anywhere (in our containers too), not in a neighbour's."
     out, seen = [], {}
     for pid in os.listdir('/proc'):
         if not pid.isdigit(): continue
