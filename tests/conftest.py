@@ -3,8 +3,14 @@
 Run them with `--flags slow,gpu,api,docker` (or CLAWGYM_TEST_FLAGS=slow,...). `docker` tests also run by
 themselves wherever a Docker engine answers.
 """
-import os
+import os, shutil, tempfile
 import pytest
+
+# The run's own temp folder. Tests check for leaks by listing the temp folder before and after; on a shared machine
+# other programs write to /tmp meanwhile (pip builds, other test runs), and those are not this run's leaks. Every
+# temp path of the library comes from `tempfile`, so this folder sees all of ours and nothing of theirs.
+_TMP = tempfile.mkdtemp(prefix='clawgym-tests-')
+os.environ['TMPDIR'] = tempfile.tempdir = _TMP
 
 FLAGS = {
     'slow': 'slow: long-running (e.g. 1,000 episodes); run with --flags slow',
@@ -47,3 +53,7 @@ def pytest_collection_modifyitems(config, items):
         for name, reason in FLAGS.items():
             if name in item.keywords and name not in flags:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_TMP, ignore_errors=True)

@@ -46,6 +46,7 @@ def _threshold_filter(rng, i):
     return ('Productivity & Collaboration', f'input/orders.json lists orders. Write to output/big_orders.json a JSON list of the ids of every order with a quantity of at least {t}.',
             {'input/orders.json': json.dumps(orders, indent=1)}, grade, [_sh(cmd), {'say': f'{len(want)} orders qualify.'}])
 
+# %% ../../nbs/env/05a_demo_tasks.ipynb #7c07e9ae
 def _word_count(rng, i):
     words = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda'.split()
     lines = [' '.join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(rng.randint(3, 9))]

@@ -107,6 +107,7 @@ def _drop_unsafe_symlinks(ws:Path) -> list[str]:
 
 def _tail(s:str, n:int=2000) -> str: return s if len(s) <= n else '...' + s[-n:]
 
+# %% ../../nbs/env/05_grading.ipynb #9e4e8690
 def run_code_check(
     task:Task,                 # Task whose reward/ files to run
     workspace:str|Path,        # The agent's final workspace (host path); left untouched
@@ -228,6 +229,59 @@ def transcript_digest(transcript:list|None, limit:int=20000) -> str:
     return s if len(s) <= limit else '... [earlier turns cut]\n' + s[-limit:]
 
 # %% ../../nbs/env/05_grading.ipynb #aa8c6fc8
+def _judge_messages(task:Task, workspace, transcript:list|None, final:str|None, max_chars:int) -> list[dict]:
+    "The chat messages sent to the judge for `task` (inspectable, and what tests check)."
+    r, ws = task.rubric or {}, Path(workspace)
+    final = final if final is not None else final_message(as_openclaw(transcript))
+    if r.get('rules'):
+        opts = r.get('score_options') or _LEVELS
+        rules = '\n\n'.join(f"Rule {x['name']!r} (file: {x.get('file_path') or 'n/a'}):\n" +
+                             '\n'.join(f'  {k}: {v}' for k, v in x['scores'].items()) for x in r['rules'])
+        paths = sorted({x['file_path'] for x in r['rules'] if x.get('file_path')})
+        ev_in = r.get('eval_input')
+        extra = f'\n\n## What to evaluate\n{ev_in if isinstance(ev_in, str) else json.dumps(ev_in, ensure_ascii=False)}' if ev_in else ''
+        user = (f'## Task given to the agent\n{task.prompt}{extra}\n\n## Rules\n{rules}\n\n'
+                f'## Files the rules refer to\n{workspace_digest(ws, max_chars // 2, paths=paths)}\n\n'
+                f'## Agent\'s final message\n{final[:4000] or "(none)"}\n\n'
+                f'For every rule choose exactly one level from {opts}. Reply with JSON: '
+                '{"scores": {"<rule name>": <level>, ...}, "notes": "<one short paragraph>"}')
+    else:
+        exp = task.metadata.get('expected_behavior')
+        user = (f'## Task given to the agent\n{task.prompt}\n\n' + (f'## Expected behavior\n{exp}\n\n' if exp else '') +
+                f'## Rubric\n{r.get("text", "")}\n\n## Transcript\n{transcript_digest(transcript, max_chars // 2)}\n\n'
+                f'## Workspace files after the episode\n{workspace_digest(ws, max_chars // 2)}\n\n'
+                'Score each criterion of the rubric between 0 and 1 and give the weighted total between 0 and 1. Reply with '
+                'JSON: {"scores": {"<criterion>": <0..1>, ...}, "total": <0..1>, "notes": "<one short paragraph>"}')
+    return [{'role': 'system', 'content': _SYS}, {'role': 'user', 'content': user}]
+
+# %% ../../nbs/env/05_grading.ipynb #d0e68cc8
+def _parse_judge_reply(task:Task, text:str) -> dict:
+    "Score a judge reply: `{score, scores, notes}`; raises ValueError when it does not fit the rubric."
+    d, r = extract_json(text), task.rubric or {}
+    scores = d.get('scores')
+    if not isinstance(scores, dict): raise ValueError('reply has no "scores" object')
+    def num(v, what):
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)): raise ValueError(f'{what}: not a number: {v!r}')
+        try: v = float(v)
+        except ValueError: raise ValueError(f'{what}: not a number: {v!r}') from None
+        if not (math.isfinite(v) and 0 <= v <= 1): raise ValueError(f'{what}: {v} outside [0, 1]')
+        return v
+    if r.get('rules'):
+        opts = [float(o) for o in (r.get('score_options') or _LEVELS)]
+        got, wsum, tot = {}, 0.0, 0.0
+        for rule in r['rules']:
+            if rule['name'] not in scores: raise ValueError(f'no score for rule {rule["name"]!r}')
+            v = num(scores[rule['name']], rule['name'])
+            v = min(opts, key=lambda o: abs(o - v))    # snap to the rubric's levels
+            w = float(rule.get('weight', 1)); got[rule['name']] = v; wsum += w; tot += w * v
+        return {'score': tot / wsum if wsum else 0.0, 'scores': got, 'notes': str(d.get('notes', ''))}
+    got = {str(k): num(v, str(k)) for k, v in scores.items()}
+    if d.get('total') is not None: score = num(d['total'], 'total')
+    elif got: score = sum(got.values()) / len(got)
+    else: raise ValueError('reply has neither "total" nor any score')
+    return {'score': score, 'scores': got, 'notes': str(d.get('notes', ''))}
+
+# %% ../../nbs/env/05_grading.ipynb #319b675c
 class RubricJudge:
     "An LLM judge behind any OpenAI-compatible endpoint, for ClawGym and PinchBench rubrics."
     def __init__(self,
@@ -256,54 +310,11 @@ class RubricJudge:
 
     def messages(self, task:Task, workspace, transcript:list|None, final:str|None=None) -> list[dict]:
         "The chat messages sent to the judge for `task` (inspectable, and what tests check)."
-        r, ws = task.rubric or {}, Path(workspace)
-        final = final if final is not None else final_message(as_openclaw(transcript))
-        if r.get('rules'):
-            opts = r.get('score_options') or _LEVELS
-            rules = '\n\n'.join(f"Rule {x['name']!r} (file: {x.get('file_path') or 'n/a'}):\n" +
-                                 '\n'.join(f'  {k}: {v}' for k, v in x['scores'].items()) for x in r['rules'])
-            paths = sorted({x['file_path'] for x in r['rules'] if x.get('file_path')})
-            ev_in = r.get('eval_input')
-            extra = f'\n\n## What to evaluate\n{ev_in if isinstance(ev_in, str) else json.dumps(ev_in, ensure_ascii=False)}' if ev_in else ''
-            user = (f'## Task given to the agent\n{task.prompt}{extra}\n\n## Rules\n{rules}\n\n'
-                    f'## Files the rules refer to\n{workspace_digest(ws, self.max_chars // 2, paths=paths)}\n\n'
-                    f'## Agent\'s final message\n{final[:4000] or "(none)"}\n\n'
-                    f'For every rule choose exactly one level from {opts}. Reply with JSON: '
-                    '{"scores": {"<rule name>": <level>, ...}, "notes": "<one short paragraph>"}')
-        else:
-            exp = task.metadata.get('expected_behavior')
-            user = (f'## Task given to the agent\n{task.prompt}\n\n' + (f'## Expected behavior\n{exp}\n\n' if exp else '') +
-                    f'## Rubric\n{r.get("text", "")}\n\n## Transcript\n{transcript_digest(transcript, self.max_chars // 2)}\n\n'
-                    f'## Workspace files after the episode\n{workspace_digest(ws, self.max_chars // 2)}\n\n'
-                    'Score each criterion of the rubric between 0 and 1 and give the weighted total between 0 and 1. Reply with '
-                    'JSON: {"scores": {"<criterion>": <0..1>, ...}, "total": <0..1>, "notes": "<one short paragraph>"}')
-        return [{'role': 'system', 'content': _SYS}, {'role': 'user', 'content': user}]
+        return _judge_messages(task, workspace, transcript, final, self.max_chars)
 
     def parse(self, task:Task, text:str) -> dict:
         "Score a judge reply: `{score, scores, notes}`; raises ValueError when it does not fit the rubric."
-        d, r = extract_json(text), task.rubric or {}
-        scores = d.get('scores')
-        if not isinstance(scores, dict): raise ValueError('reply has no "scores" object')
-        def num(v, what):
-            if isinstance(v, bool) or not isinstance(v, (int, float, str)): raise ValueError(f'{what}: not a number: {v!r}')
-            try: v = float(v)
-            except ValueError: raise ValueError(f'{what}: not a number: {v!r}') from None
-            if not (math.isfinite(v) and 0 <= v <= 1): raise ValueError(f'{what}: {v} outside [0, 1]')
-            return v
-        if r.get('rules'):
-            opts = [float(o) for o in (r.get('score_options') or _LEVELS)]
-            got, wsum, tot = {}, 0.0, 0.0
-            for rule in r['rules']:
-                if rule['name'] not in scores: raise ValueError(f'no score for rule {rule["name"]!r}')
-                v = num(scores[rule['name']], rule['name'])
-                v = min(opts, key=lambda o: abs(o - v))    # snap to the rubric's levels
-                w = float(rule.get('weight', 1)); got[rule['name']] = v; wsum += w; tot += w * v
-            return {'score': tot / wsum if wsum else 0.0, 'scores': got, 'notes': str(d.get('notes', ''))}
-        got = {str(k): num(v, str(k)) for k, v in scores.items()}
-        if d.get('total') is not None: score = num(d['total'], 'total')
-        elif got: score = sum(got.values()) / len(got)
-        else: raise ValueError('reply has neither "total" nor any score')
-        return {'score': score, 'scores': got, 'notes': str(d.get('notes', ''))}
+        return _parse_judge_reply(task, text)
 
     def __call__(self, task:Task, workspace, transcript:list|None, final:str|None=None) -> dict:
         "Judge the episode: `{score, scores, notes, attempts, model}`; raises `JudgeError` after `1 + retries` failures."

@@ -82,62 +82,18 @@ class LLMCacheMiss(ClawError):
 
 def _one_line(x) -> str: return ' '.join(str(x).split())[:300]
 
-class LLMClient:
-    "An OpenAI-compatible chat endpoint for synthesis and audits: JSON-schema outputs, repair, retries with backoff, a file cache."
-    def __init__(self,
-                 model:str,                   # Model name the endpoint serves
-                 base_url:str|None=None,      # e.g. http://127.0.0.1:8000/v1 (default: OPENAI_BASE_URL)
-                 api_key:str|None=None,       # Default: CLAWGYM_API_KEY, OPENAI_API_KEY, then 'EMPTY'
-                 cache_dir:str|Path|None=None,  # Response cache folder (None: no cache)
-                 temperature:float=0.0,       # Sampling temperature (part of the cache key)
-                 max_tokens:int=2048,         # Cap on generated tokens (part of the cache key)
-                 seed:int|None=None,          # Sampling seed sent to the endpoint (part of the cache key)
-                 max_retries:int=3,           # Retries on connection errors, 5xx, timeouts and unusable replies
-                 timeout:float=120,           # Seconds per request
-                 backoff:float=0.5,           # First retry delay in seconds (doubles each time, with jitter)
-                 offline:bool=False):         # Never call the endpoint: a cache miss raises `LLMCacheMiss`
-        self.model, self.temperature, self.max_tokens, self.seed = model, temperature, max_tokens, seed
-        self.base_url = (base_url or os.environ.get('OPENAI_BASE_URL') or 'https://api.openai.com/v1').rstrip('/')
-        self.api_key = api_key or os.environ.get('CLAWGYM_API_KEY') or os.environ.get('OPENAI_API_KEY') or 'EMPTY'
-        self.cache_dir = Path(cache_dir) if cache_dir else None
-        self.max_retries, self.timeout, self.backoff, self.offline = max_retries, timeout, backoff, offline
-        self.no_response_format = False   # set once the server rejects response_format
-        self.stats = {'requests': 0, 'cache_hits': 0, 'retries': 0, 'repaired': 0, 'rejected': 0, 'fallback_plain_json': 0}
-        self._client, self._lock = None, threading.Lock()
+def _with_json_instructions(messages:list, schema:dict|None) -> list:
+    "Messages with the schema spelled out in the system prompt (for servers without structured outputs)."
+    if schema is None: return list(messages)
+    note = ('Reply with only one JSON object (no prose, no code fence) that matches this JSON schema:\n'
+            + json.dumps(schema, ensure_ascii=False))
+    if messages and messages[0].get('role') == 'system':
+        return [{**messages[0], 'content': f"{messages[0].get('content') or ''}\n\n{note}"}, *messages[1:]]
+    return [{'role': 'system', 'content': note}, *messages]
 
-    @classmethod
-    def from_spec(cls, spec:str, **kw) -> 'LLMClient':
-        "`openai:MODEL@BASE_URL` (or `MODEL@BASE_URL`) -> a client."
-        rest = spec.split(':', 1)[1] if spec.startswith('openai:') else spec
-        model, _, url = rest.partition('@')
-        if not model: raise ClawError(f'expected openai:MODEL@BASE_URL, got {spec!r}', field='--backend')
-        return cls(model, base_url=url or None, **kw)
-
-    def __repr__(self): return f'LLMClient({self.model!r} @ {self.base_url}{", offline" if self.offline else ""})'
-
-    @property
-    def client(self):
-        "The `openai.OpenAI` client (its own retries off: this class counts and paces them)."
-        with self._lock:
-            if self._client is None:
-                from openai import OpenAI
-                self._client = OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=0)
-        return self._client
-
-    def params(self) -> dict:
-        "Sampling parameters sent with every request (and hashed into the cache key)."
-        p = {'temperature': self.temperature, 'max_tokens': self.max_tokens}
-        if self.seed is not None: p['seed'] = self.seed
-        return p
-
-    def cache_key(self, messages:list, schema:dict|None, name:str) -> str:
-        "SHA-256 of model, base URL, messages, sampling parameters, schema and its name."
-        blob = json.dumps({'model': self.model, 'base_url': self.base_url, 'messages': messages, 'params': self.params(),
-                           'schema': schema, 'name': name}, sort_keys=True, ensure_ascii=False)
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-    def _cache_path(self, key:str) -> Path|None: return self.cache_dir/key[:2]/f'{key}.json' if self.cache_dir else None
-
+# %% ../../nbs/env/06a_llm.ipynb #8faf8276
+class _JsonRequests:
+    "Chat requests with backoff, and JSON replies checked against a schema, repaired or asked again, cached (mixed into `LLMClient`)."
     def _retryable(self, e) -> bool:
         import openai
         if isinstance(e, (openai.APIConnectionError, openai.APITimeoutError, openai.RateLimitError, openai.InternalServerError)): return True
@@ -194,11 +150,59 @@ class LLMClient:
             return obj
         raise LLMError(f'{self.model}: {name}: no valid JSON after {self.max_retries + 1} replies: {last}')
 
-def _with_json_instructions(messages:list, schema:dict|None) -> list:
-    "Messages with the schema spelled out in the system prompt (for servers without structured outputs)."
-    if schema is None: return list(messages)
-    note = ('Reply with only one JSON object (no prose, no code fence) that matches this JSON schema:\n'
-            + json.dumps(schema, ensure_ascii=False))
-    if messages and messages[0].get('role') == 'system':
-        return [{**messages[0], 'content': f"{messages[0].get('content') or ''}\n\n{note}"}, *messages[1:]]
-    return [{'role': 'system', 'content': note}, *messages]
+# %% ../../nbs/env/06a_llm.ipynb #d45d6619
+class LLMClient(_JsonRequests):
+    "An OpenAI-compatible chat endpoint for synthesis and audits: JSON-schema outputs, repair, retries with backoff, a file cache."
+    def __init__(self,
+                 model:str,                   # Model name the endpoint serves
+                 base_url:str|None=None,      # e.g. http://127.0.0.1:8000/v1 (default: OPENAI_BASE_URL)
+                 api_key:str|None=None,       # Default: CLAWGYM_API_KEY, OPENAI_API_KEY, then 'EMPTY'
+                 cache_dir:str|Path|None=None,  # Response cache folder (None: no cache)
+                 temperature:float=0.0,       # Sampling temperature (part of the cache key)
+                 max_tokens:int=2048,         # Cap on generated tokens (part of the cache key)
+                 seed:int|None=None,          # Sampling seed sent to the endpoint (part of the cache key)
+                 max_retries:int=3,           # Retries on connection errors, 5xx, timeouts and unusable replies
+                 timeout:float=120,           # Seconds per request
+                 backoff:float=0.5,           # First retry delay in seconds (doubles each time, with jitter)
+                 offline:bool=False):         # Never call the endpoint: a cache miss raises `LLMCacheMiss`
+        self.model, self.temperature, self.max_tokens, self.seed = model, temperature, max_tokens, seed
+        self.base_url = (base_url or os.environ.get('OPENAI_BASE_URL') or 'https://api.openai.com/v1').rstrip('/')
+        self.api_key = api_key or os.environ.get('CLAWGYM_API_KEY') or os.environ.get('OPENAI_API_KEY') or 'EMPTY'
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.max_retries, self.timeout, self.backoff, self.offline = max_retries, timeout, backoff, offline
+        self.no_response_format = False   # set once the server rejects response_format
+        self.stats = {'requests': 0, 'cache_hits': 0, 'retries': 0, 'repaired': 0, 'rejected': 0, 'fallback_plain_json': 0}
+        self._client, self._lock = None, threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec:str, **kw) -> 'LLMClient':
+        "`openai:MODEL@BASE_URL` (or `MODEL@BASE_URL`) -> a client."
+        rest = spec.split(':', 1)[1] if spec.startswith('openai:') else spec
+        model, _, url = rest.partition('@')
+        if not model: raise ClawError(f'expected openai:MODEL@BASE_URL, got {spec!r}', field='--backend')
+        return cls(model, base_url=url or None, **kw)
+
+    def __repr__(self): return f'LLMClient({self.model!r} @ {self.base_url}{", offline" if self.offline else ""})'
+
+    @property
+    def client(self):
+        "The `openai.OpenAI` client (its own retries off: this class counts and paces them)."
+        with self._lock:
+            if self._client is None:
+                from openai import OpenAI
+                self._client = OpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=0)
+        return self._client
+
+    def params(self) -> dict:
+        "Sampling parameters sent with every request (and hashed into the cache key)."
+        p = {'temperature': self.temperature, 'max_tokens': self.max_tokens}
+        if self.seed is not None: p['seed'] = self.seed
+        return p
+
+    def cache_key(self, messages:list, schema:dict|None, name:str) -> str:
+        "SHA-256 of model, base URL, messages, sampling parameters, schema and its name."
+        blob = json.dumps({'model': self.model, 'base_url': self.base_url, 'messages': messages, 'params': self.params(),
+                           'schema': schema, 'name': name}, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def _cache_path(self, key:str) -> Path|None: return self.cache_dir/key[:2]/f'{key}.json' if self.cache_dir else None

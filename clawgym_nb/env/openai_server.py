@@ -38,39 +38,8 @@ class HTTPError(Exception):
     def body(self) -> dict: return openai_error(str(self), self.status, self.type, self.param, self.code)
 
 # %% ../../nbs/env/08_openai_server.ipynb #de12509a
-class JSONHandler(BaseHTTPRequestHandler):
-    "Request handler with JSON bodies, OpenAI-style errors and chunked SSE; routes live in `GET`/`POST` dicts of method names."
-    protocol_version = 'HTTP/1.1'
-    server_version = 'clawgym-nb'
-    max_body = 64 * 2**20
-    GET: dict = {}
-    POST: dict = {}
-
-    @property
-    def app(self): return self.server.app
-    def log_message(self, *args): pass
-    def setup(self):
-        super().setup(); self.server.app._conns.add(self.connection)
-    def finish(self):
-        self.server.app._conns.discard(self.connection); super().finish()
-
-    def _read_body(self):
-        "Read the whole request body first, so an early error never leaves bytes on a kept-alive connection."
-        self.raw_body = b''
-        if 'chunked' in self.headers.get('Transfer-Encoding', '').lower():
-            self.close_connection = True; raise HTTPError(411, 'chunked request bodies are not supported; send Content-Length')
-        n = int(self.headers.get('Content-Length') or 0)
-        if n > self.max_body:
-            self.close_connection = True; raise HTTPError(413, f'request body of {n} bytes is over the {self.max_body} byte limit')
-        if n: self.raw_body = self.rfile.read(n)
-
-    def read_json(self) -> dict:
-        "The request body parsed as a JSON object, else `HTTPError(400)`."
-        try: body = json.loads(self.raw_body or b'null')
-        except (json.JSONDecodeError, UnicodeDecodeError) as e: raise HTTPError(400, f'request body is not valid JSON: {e}') from None
-        if not isinstance(body, dict): raise HTTPError(400, 'request body must be a JSON object')
-        return body
-
+class _Responses:
+    "Writing responses: a whole body with its `Content-Length`, or server-sent events over chunked encoding (mixed into `JSONHandler`)."
     def send_bytes(self, status:int, data:bytes, content_type:str='application/json', headers:dict|None=None):
         "Send a complete response with `Content-Length`."
         self.send_response(status)
@@ -105,6 +74,40 @@ class JSONHandler(BaseHTTPRequestHandler):
         if done: self.write_chunk(b'data: [DONE]\n\n')
         self.wfile.write(b'0\r\n\r\n'); self.wfile.flush()
 
+# %% ../../nbs/env/08_openai_server.ipynb #0b32adbb
+class JSONHandler(_Responses, BaseHTTPRequestHandler):
+    "Request handler with JSON bodies, OpenAI-style errors and chunked SSE; routes live in `GET`/`POST` dicts of method names."
+    protocol_version = 'HTTP/1.1'
+    server_version = 'clawgym-nb'
+    max_body = 64 * 2**20
+    GET: dict = {}
+    POST: dict = {}
+
+    @property
+    def app(self): return self.server.app
+    def log_message(self, *args): pass
+    def setup(self):
+        super().setup(); self.server.app._conns.add(self.connection)
+    def finish(self):
+        self.server.app._conns.discard(self.connection); super().finish()
+
+    def _read_body(self):
+        "Read the whole request body first, so an early error never leaves bytes on a kept-alive connection."
+        self.raw_body = b''
+        if 'chunked' in self.headers.get('Transfer-Encoding', '').lower():
+            self.close_connection = True; raise HTTPError(411, 'chunked request bodies are not supported; send Content-Length')
+        n = int(self.headers.get('Content-Length') or 0)
+        if n > self.max_body:
+            self.close_connection = True; raise HTTPError(413, f'request body of {n} bytes is over the {self.max_body} byte limit')
+        if n: self.raw_body = self.rfile.read(n)
+
+    def read_json(self) -> dict:
+        "The request body parsed as a JSON object, else `HTTPError(400)`."
+        try: body = json.loads(self.raw_body or b'null')
+        except (json.JSONDecodeError, UnicodeDecodeError) as e: raise HTTPError(400, f'request body is not valid JSON: {e}') from None
+        if not isinstance(body, dict): raise HTTPError(400, 'request body must be a JSON object')
+        return body
+
     def _dispatch(self, routes:dict):
         self._sent = self._sse = False
         path = self.path.split('?', 1)[0].rstrip('/') or '/'
@@ -131,6 +134,7 @@ class JSONHandler(BaseHTTPRequestHandler):
     def do_GET(self): self._dispatch(self.GET)
     def do_POST(self): self._dispatch(self.POST)
 
+# %% ../../nbs/env/08_openai_server.ipynb #f665ac2b
 class BackgroundServer:
     "A `ThreadingHTTPServer` for `handler` on a daemon thread, with `.url`, `.base_url`, `.close()`; a context manager."
     def __init__(self,

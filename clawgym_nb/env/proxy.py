@@ -129,14 +129,18 @@ def _upstream_message(r:httpx.Response) -> str:
     try: return str(r.json()['error']['message'])
     except Exception: return r.text[:300] or r.reason_phrase
 
-class _Forwarding:
-    "The forwarding half of `RecordingProxy` (mixed in below)."
+class _Upstream:
+    "Talking to the upstream: its headers, its failures as one line, its models (mixed into `_Forwarding`)."
     def _headers(self, h:JSONHandler) -> dict:
         auth = f'Bearer {self.api_key}' if self.api_key else h.headers.get('Authorization')
         return {'Authorization': auth} if auth else {}
 
     def _upstream_failure(self, e:Exception) -> str:
         return f'upstream {self.upstream_url} failed: {type(e).__name__}: {e}'
+
+    def _check(self, r:httpx.Response, fail):
+        if r.status_code >= 500: raise fail(502, f'upstream {self.upstream_url} returned {r.status_code}: {_upstream_message(r)}')
+        if r.status_code >= 400: raise fail(r.status_code, f'upstream returned {r.status_code}: {_upstream_message(r)}')
 
     def forward_models(self, h:JSONHandler):
         "GET `/v1/models` from the upstream."
@@ -155,50 +159,9 @@ class _Forwarding:
                 raise HTTPError(502, f'cannot learn the upstream model (set CLAWGYM_UPSTREAM_MODEL): {self._upstream_failure(e)}') from None
         return self._upstream_model
 
-    def handle_chat(self, h:JSONHandler):
-        "Forward one chat call; record it when it is a main turn."
-        t0, p0 = time.time(), time.perf_counter()
-        with self._idle: self._in_flight += 1  # counted before the pause check, so wait_idle() cannot miss it
-        try:
-            if self.paused:
-                self._count('paused_503')
-                raise HTTPError(503, 'proxy paused for a weight sync; retry shortly', headers={'Retry-After': '1'})
-            self._chat(h, t0, p0)
-        finally:
-            with self._idle: self._in_flight -= 1; self._idle.notify_all()
-
-    def _chat(self, h:JSONHandler, t0:float, p0:float):
-        body = h.read_json()
-        route = parse_routing(h.headers, body, self.default_session)
-        client_model = body.get('model')
-        fbody = dict(body, model=self.model or (self.upstream_model(h) if route['routed_model'] else client_model))
-        validate_chat_request(fbody)
-        messages, stream = body['messages'], bool(body.get('stream'))
-        main = route['turn_type'] == 'main'
-        if main and self.drop_heartbeats and is_heartbeat(messages): main = False; self._count('heartbeat')
-        else: self._count('main' if main else 'side')
-        strip_lp = main and self.collect_logprobs and not body.get('logprobs')
-        if strip_lp: fbody['logprobs'] = True
-        strip_usage = stream and not (body.get('stream_options') or {}).get('include_usage')
-        if stream: fbody['stream_options'] = {**(body.get('stream_options') or {}), 'include_usage': True}
-        s = self._begin_main(route['session_id'], messages) if main else None
-        fail = lambda status, msg: self._error(route, body, status, msg, t0, p0, stream)
-        def record(res:dict):  # called before the client sees the end of the response, so a finished call is always recorded
-            if main:
-                rec = {'kind': 'turn', 'session_id': route['session_id'], 'episode': 0, 'segment': 0, 'turn': 0, 'turn_type': 'main',
-                       'messages': messages, 'tools': body.get('tools'),
-                       'params': {k: v for k, v in body.items() if k not in ('messages', 'tools', 'model', 'stream', 'stream_options')},
-                       'model': fbody['model'], 'client_model': client_model, **res, 'stream': stream, 't_start': t0,
-                       'latency_s': round(time.perf_counter() - p0, 4), 'request_id': uuid.uuid4().hex[:12]}
-                self._finish_main(s, rec, route['done'])
-            elif route['done']:
-                with self._lock: self._end(self._sessions.setdefault(route['session_id'], _Session()))
-        (self._stream if stream else self._plain)(h, fbody, strip_lp, strip_usage, fail, p0, record)
-
-    def _check(self, r:httpx.Response, fail):
-        if r.status_code >= 500: raise fail(502, f'upstream {self.upstream_url} returned {r.status_code}: {_upstream_message(r)}')
-        if r.status_code >= 400: raise fail(r.status_code, f'upstream returned {r.status_code}: {_upstream_message(r)}')
-
+# %% ../../nbs/env/08a_proxy.ipynb #0ce2522f
+class _Relay:
+    "Passing the upstream's answer on: a plain reply as it came, or a stream chunk by chunk, each accumulated for the record."
     def _plain(self, h, fbody, strip_lp, strip_usage, fail, p0, record) -> None:
         try: r = self.http.post(self.upstream_url + '/chat/completions', json=fbody, headers=self._headers(h))
         except httpx.HTTPError as e: raise fail(502, self._upstream_failure(e)) from None
@@ -248,37 +211,52 @@ class _Forwarding:
         except (BrokenPipeError, ConnectionResetError): fail(499, 'client disconnected mid-stream'); raise
         finally: r.close()
 
-# %% ../../nbs/env/08a_proxy.ipynb #6345c928
-class RecordingProxy(_Forwarding, BackgroundServer):
-    "OpenAI-compatible proxy that forwards to an upstream endpoint and records each main turn with its next state."
-    def __init__(self,
-                 upstream_url:str|None=None,  # Upstream base URL (`.../v1`); default env CLAWGYM_UPSTREAM_BASE_URL
-                 api_key:str|None=None,       # Upstream key; default env CLAWGYM_UPSTREAM_API_KEY, else the client's
-                 model:str|None=None,         # Upstream model name; default env CLAWGYM_UPSTREAM_MODEL
-                 out_dir:str|Path|None=None,  # Folder for `<session_id>.jsonl`; None keeps records in memory only
-                 host:str='127.0.0.1',        # Interface to bind
-                 port:int=0,                  # Port; 0 picks a free one
-                 timeout:float=600.0,         # Seconds to wait on the upstream
-                 default_session:str='default', # Session of calls that name none
-                 drop_heartbeats:bool=True,   # Treat OpenClaw heartbeat prompts as side turns
-                 collect_logprobs:bool=False): # Ask the upstream for log-probs on every main turn
-        self.upstream_url = (upstream_url or os.environ.get('CLAWGYM_UPSTREAM_BASE_URL') or '').rstrip('/')
-        if not self.upstream_url:
-            raise ClawError('no upstream: pass upstream_url or set CLAWGYM_UPSTREAM_BASE_URL', field='upstream_url')
-        self.api_key = api_key or os.environ.get('CLAWGYM_UPSTREAM_API_KEY')
-        self.model = model or os.environ.get('CLAWGYM_UPSTREAM_MODEL')
-        self.out_dir = Path(out_dir) if out_dir else None
-        self.default_session, self.drop_heartbeats, self.collect_logprobs = default_session, drop_heartbeats, collect_logprobs
-        self.http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
-        self.records: list[dict] = []
-        self.stats = {'main': 0, 'side': 0, 'heartbeat': 0, 'errors': 0, 'paused_503': 0}
-        self.paused = False
-        self._sessions: dict[str, _Session] = {}
-        self._lock, self._idle = threading.RLock(), threading.Condition()
-        self._in_flight, self._upstream_model = 0, None
-        super().__init__(_ProxyHandler, host, port)
+# %% ../../nbs/env/08a_proxy.ipynb #4dd335e8
+class _Forwarding(_Upstream, _Relay):
+    "The forwarding half of `RecordingProxy` (mixed in below)."
+    def handle_chat(self, h:JSONHandler):
+        "Forward one chat call; record it when it is a main turn."
+        t0, p0 = time.time(), time.perf_counter()
+        with self._idle: self._in_flight += 1  # counted before the pause check, so wait_idle() cannot miss it
+        try:
+            if self.paused:
+                self._count('paused_503')
+                raise HTTPError(503, 'proxy paused for a weight sync; retry shortly', headers={'Retry-After': '1'})
+            self._chat(h, t0, p0)
+        finally:
+            with self._idle: self._in_flight -= 1; self._idle.notify_all()
 
-    # -- records --------------------------------------------------------------------------------------------
+    def _chat(self, h:JSONHandler, t0:float, p0:float):
+        body = h.read_json()
+        route = parse_routing(h.headers, body, self.default_session)
+        client_model = body.get('model')
+        fbody = dict(body, model=self.model or (self.upstream_model(h) if route['routed_model'] else client_model))
+        validate_chat_request(fbody)
+        messages, stream = body['messages'], bool(body.get('stream'))
+        main = route['turn_type'] == 'main'
+        if main and self.drop_heartbeats and is_heartbeat(messages): main = False; self._count('heartbeat')
+        else: self._count('main' if main else 'side')
+        strip_lp = main and self.collect_logprobs and not body.get('logprobs')
+        if strip_lp: fbody['logprobs'] = True
+        strip_usage = stream and not (body.get('stream_options') or {}).get('include_usage')
+        if stream: fbody['stream_options'] = {**(body.get('stream_options') or {}), 'include_usage': True}
+        s = self._begin_main(route['session_id'], messages) if main else None
+        fail = lambda status, msg: self._error(route, body, status, msg, t0, p0, stream)
+        def record(res:dict):  # called before the client sees the end of the response, so a finished call is always recorded
+            if main:
+                rec = {'kind': 'turn', 'session_id': route['session_id'], 'episode': 0, 'segment': 0, 'turn': 0, 'turn_type': 'main',
+                       'messages': messages, 'tools': body.get('tools'),
+                       'params': {k: v for k, v in body.items() if k not in ('messages', 'tools', 'model', 'stream', 'stream_options')},
+                       'model': fbody['model'], 'client_model': client_model, **res, 'stream': stream, 't_start': t0,
+                       'latency_s': round(time.perf_counter() - p0, 4), 'request_id': uuid.uuid4().hex[:12]}
+                self._finish_main(s, rec, route['done'])
+            elif route['done']:
+                with self._lock: self._end(self._sessions.setdefault(route['session_id'], _Session()))
+        (self._stream if stream else self._plain)(h, fbody, strip_lp, strip_usage, fail, p0, record)
+
+# %% ../../nbs/env/08a_proxy.ipynb #6345c928
+class _Records:
+    "The proxy's records, in memory and in `<session_id>.jsonl` files, and its counters (mixed into `RecordingProxy`)."
     def turns(self, session_id:str|None=None) -> list[dict]:
         "Finished main-turn records (of one session, or all), in the order they were finalised."
         return [r for r in self.records if r['kind'] == 'turn' and session_id in (None, r['session_id'])]
@@ -295,6 +273,19 @@ class RecordingProxy(_Forwarding, BackgroundServer):
     def _count(self, key:str):
         with self._lock: self.stats[key] += 1
 
+    def _error(self, route:dict, body:dict, status:int, msg:str, t0:float, p0:float, stream:bool) -> HTTPError:
+        "Record a failed call and return the error to raise to the client."
+        self._count('errors')
+        self._write({'kind': 'error', 'session_id': route['session_id'], 'turn_type': route['label'], 'status': status,
+                     'error': one_line(msg), 'messages': body.get('messages'), 'stream': stream, 't_start': t0,
+                     'latency_s': round(time.perf_counter() - p0, 4)})
+        if route['done']:
+            with self._lock: self._end(self._sessions.setdefault(route['session_id'], _Session()))
+        return HTTPError(status, msg)
+
+# %% ../../nbs/env/08a_proxy.ipynb #d2c91bdc
+class _Pairing:
+    "Pairing each main turn with its next state, per session: segments on a rewrite, episodes on done (mixed into `RecordingProxy`)."
     def _finalize(self, rec:dict, next_state:list|None, source:str|None, ended_by:str, done:bool=False):
         rec.update(next_state=next_state, next_state_from=source, done=done, ended_by=ended_by)
         self._write(rec)
@@ -331,17 +322,36 @@ class RecordingProxy(_Forwarding, BackgroundServer):
             if done: self._finalize(rec, None, None, 'session_done', done=True); s.context = None; s.episode += 1; s.segment = 0
             else: s.pending = rec
 
-    def _error(self, route:dict, body:dict, status:int, msg:str, t0:float, p0:float, stream:bool) -> HTTPError:
-        "Record a failed call and return the error to raise to the client."
-        self._count('errors')
-        self._write({'kind': 'error', 'session_id': route['session_id'], 'turn_type': route['label'], 'status': status,
-                     'error': one_line(msg), 'messages': body.get('messages'), 'stream': stream, 't_start': t0,
-                     'latency_s': round(time.perf_counter() - p0, 4)})
-        if route['done']:
-            with self._lock: self._end(self._sessions.setdefault(route['session_id'], _Session()))
-        return HTTPError(status, msg)
+# %% ../../nbs/env/08a_proxy.ipynb #1033a30f
+class RecordingProxy(_Forwarding, _Pairing, _Records, BackgroundServer):
+    "OpenAI-compatible proxy that forwards to an upstream endpoint and records each main turn with its next state."
+    def __init__(self,
+                 upstream_url:str|None=None,  # Upstream base URL (`.../v1`); default env CLAWGYM_UPSTREAM_BASE_URL
+                 api_key:str|None=None,       # Upstream key; default env CLAWGYM_UPSTREAM_API_KEY, else the client's
+                 model:str|None=None,         # Upstream model name; default env CLAWGYM_UPSTREAM_MODEL
+                 out_dir:str|Path|None=None,  # Folder for `<session_id>.jsonl`; None keeps records in memory only
+                 host:str='127.0.0.1',        # Interface to bind
+                 port:int=0,                  # Port; 0 picks a free one
+                 timeout:float=600.0,         # Seconds to wait on the upstream
+                 default_session:str='default', # Session of calls that name none
+                 drop_heartbeats:bool=True,   # Treat OpenClaw heartbeat prompts as side turns
+                 collect_logprobs:bool=False): # Ask the upstream for log-probs on every main turn
+        self.upstream_url = (upstream_url or os.environ.get('CLAWGYM_UPSTREAM_BASE_URL') or '').rstrip('/')
+        if not self.upstream_url:
+            raise ClawError('no upstream: pass upstream_url or set CLAWGYM_UPSTREAM_BASE_URL', field='upstream_url')
+        self.api_key = api_key or os.environ.get('CLAWGYM_UPSTREAM_API_KEY')
+        self.model = model or os.environ.get('CLAWGYM_UPSTREAM_MODEL')
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.default_session, self.drop_heartbeats, self.collect_logprobs = default_session, drop_heartbeats, collect_logprobs
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        self.records: list[dict] = []
+        self.stats = {'main': 0, 'side': 0, 'heartbeat': 0, 'errors': 0, 'paused_503': 0}
+        self.paused = False
+        self._sessions: dict[str, _Session] = {}
+        self._lock, self._idle = threading.RLock(), threading.Condition()
+        self._in_flight, self._upstream_model = 0, None
+        super().__init__(_ProxyHandler, host, port)
 
-    # -- weight sync ----------------------------------------------------------------------------------------
     def pause(self): self.paused = True
     def resume(self): self.paused = False
     def wait_idle(self, timeout:float|None=None) -> bool:

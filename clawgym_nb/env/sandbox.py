@@ -138,6 +138,7 @@ def _cg_base_now(ctrl:str) -> str|None:
     base = mnt + own if own and os.path.isdir(mnt + own) else mnt
     return base if os.access(base, os.W_OK) else None
 
+# %% ../../nbs/env/01_sandbox.ipynb #f14bea3d
 _SWEPT = False
 def _sweep_stale_cgroups():
     "Remove empty sandbox cgroups left by processes that died without closing their sandboxes (once per process)."
@@ -155,6 +156,7 @@ def _sweep_stale_cgroups():
                 try: os.rmdir(sub)
                 except OSError: pass
 
+# %% ../../nbs/env/01_sandbox.ipynb #f9554a44
 class _Cgroups:
     "Per-sandbox cgroups (pids, memory, cpu); `ok` is False where cgroups are not writable."
     def __init__(self, limits:SandboxLimits):
@@ -264,41 +266,8 @@ class BackgroundProcess:
 # %% ../../nbs/env/01_sandbox.ipynb #ed0a7df9
 def _to_bytes(x): return x.encode('utf-8') if isinstance(x, str) else x
 
-import atexit, weakref
-_LIVE = weakref.WeakSet()
-@atexit.register
-def _close_all():
-    "Close sandboxes still open at interpreter exit (kill their processes, drop cgroups and temp workspaces)."
-    for sb in list(_LIVE):
-        try: sb.close()
-        except Exception: pass
-
-class Sandbox:
-    "Base class: a workspace plus a way to run commands against it."
-    provider = 'base'
-    root: str
-    def __init__(self, workspace:str|Path|None=None, # Host folder to use as-is (kept); None -> fresh temp folder (removed)
-                 files:dict|None=None,      # Initial files: relative path -> str|bytes
-                 ro_binds:dict|None=None,   # Extra read-only mounts {host_path: inside_path} (e.g. grader files)
-                 limits:SandboxLimits|None=None): # Resource limits
-        self.limits, self.ro_binds = limits or SandboxLimits(), dict(ro_binds or {})
-        self._own_ws = workspace is None
-        ws = Path(tempfile.mkdtemp(prefix='clawgym-ws-')) if workspace is None else Path(workspace)
-        if not self._own_ws:
-            if ws.is_symlink(): raise PathEscapeError('workspace root is a symlink', file=str(ws), field='workspace')
-            ws.mkdir(parents=True, exist_ok=True)
-        self.workspace, self._procs, self._bg, self._leftovers, self._closed = ws.resolve(), [], [], set(), False
-        self._cg = None
-        _LIVE.add(self)
-        try:
-            for k, v in (files or {}).items(): self.write_file(k, v)
-            self._start()
-        except BaseException: self.close(); raise
-
-    def _start(self): pass
-    def _argv(self, argv:list[str], cwd:str, env:dict) -> tuple[list[str], dict, str|None]:
-        "Host argv, host env and host cwd for a command (provider-specific)."
-        raise NotImplementedError
+class _Commands:
+    "How a sandbox runs commands: the provider turns one into a host argv (`_argv`); spawning, timeouts and jobs are shared."
     def _inside_cwd(self, cwd:str|None) -> str:
         "Validate `cwd` against the workspace and map it to the path commands see."
         if not cwd: return self.root
@@ -306,6 +275,7 @@ class Sandbox:
         if not host.is_dir(): raise ClawError('not a directory in the workspace', file=str(cwd), field='cwd')
         rel = os.path.relpath(host, self.workspace)
         return self.root if rel == '.' else f'{self.root}/{rel}'
+
     @staticmethod
     def _cmd(cmd:str|list[str]) -> list[str]:
         return ['bash', '-c', cmd] if isinstance(cmd, str) else [str(c) for c in cmd]
@@ -345,6 +315,9 @@ class Sandbox:
         self._procs.remove(p); self._bg.append(bp)
         return bp
 
+# %% ../../nbs/env/01_sandbox.ipynb #0d7e75cd
+class _Files:
+    "File access to the workspace from the host, contained by `resolve_in_workspace`."
     def read_file(self, path:str) -> bytes:
         "Bytes of a workspace file (path relative to the workspace or absolute under `root`)."
         return resolve_in_workspace(self.workspace, path, self.root).read_bytes()
@@ -357,6 +330,42 @@ class Sandbox:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, 'wb') as f: f.write(_to_bytes(data))
 
+# %% ../../nbs/env/01_sandbox.ipynb #75046702
+import atexit, weakref
+_LIVE = weakref.WeakSet()
+@atexit.register
+def _close_all():
+    "Close sandboxes still open at interpreter exit (kill their processes, drop cgroups and temp workspaces)."
+    for sb in list(_LIVE):
+        try: sb.close()
+        except Exception: pass
+
+class Sandbox(_Commands, _Files):
+    "Base class: a workspace plus a way to run commands against it."
+    provider = 'base'
+    root: str
+    def __init__(self, workspace:str|Path|None=None, # Host folder to use as-is (kept); None -> fresh temp folder (removed)
+                 files:dict|None=None,      # Initial files: relative path -> str|bytes
+                 ro_binds:dict|None=None,   # Extra read-only mounts {host_path: inside_path} (e.g. grader files)
+                 limits:SandboxLimits|None=None): # Resource limits
+        self.limits, self.ro_binds = limits or SandboxLimits(), dict(ro_binds or {})
+        self._own_ws = workspace is None
+        ws = Path(tempfile.mkdtemp(prefix='clawgym-ws-')) if workspace is None else Path(workspace)
+        if not self._own_ws:
+            if ws.is_symlink(): raise PathEscapeError('workspace root is a symlink', file=str(ws), field='workspace')
+            ws.mkdir(parents=True, exist_ok=True)
+        self.workspace, self._procs, self._bg, self._leftovers, self._closed = ws.resolve(), [], [], set(), False
+        self._cg = None
+        _LIVE.add(self)
+        try:
+            for k, v in (files or {}).items(): self.write_file(k, v)
+            self._start()
+        except BaseException: self.close(); raise
+
+    def _start(self): pass
+    def _argv(self, argv:list[str], cwd:str, env:dict) -> tuple[list[str], dict, str|None]:
+        "Host argv, host env and host cwd for a command (provider-specific)."
+        raise NotImplementedError
     def _stop(self): pass
     def close(self) -> None:
         "Kill everything started, drop cgroups, remove a temp workspace. Idempotent."
@@ -432,37 +441,20 @@ def _system_binds() -> list[str]:
         elif os.path.isdir(d): out += ['--ro-bind', d, d]
     return out + ['--ro-bind', _etc_copy(), '/etc']
 
-class BwrapSandbox(Sandbox):
-    "Namespaces via bubblewrap: read-only system, private /tmp, no network, only the workspace writable."
-    provider, isolated, root = 'bwrap', True, WORKSPACE_MOUNT
-    _probe, _sys = None, None
-
-    @classmethod
-    def probe(cls) -> str|None:
-        "None when a bwrap sandbox works here, else the reason (probed once)."
-        if cls._probe is None:
-            missing = [b for b in ('bwrap', 'nsenter', 'setpriv', 'prlimit', 'bash') if not shutil.which(b)]
-            if missing: cls._probe = f'missing binaries: {", ".join(missing)}'
-            else:
-                try:
-                    with cls(limits=SandboxLimits(timeout=20)) as sb: r = sb.exec('echo ok')
-                    cls._probe = '' if r.stdout == 'ok\n' else f'bwrap probe failed: {(r.stderr or r.stdout).strip()[:200]}'
-                except Exception as e: cls._probe = f'bwrap probe failed: {" ".join(str(e).split())[:200]}'
-        return cls._probe or None
+# %% ../../nbs/env/01_sandbox.ipynb #0b8698fa
+class _BwrapNamespace:
+    "The namespace of a bwrap sandbox: its bwrap argv, booted on first use, and the `nsenter` prefix that enters it."
+    _sys = None
 
     def _bwrap_argv(self) -> list[str]:
-        if BwrapSandbox._sys is None: BwrapSandbox._sys = _system_binds()
+        if _BwrapNamespace._sys is None: _BwrapNamespace._sys = _system_binds()
         lim, size = self.limits, []
         if lim.tmp_mb: size = ['--size', str(int(lim.tmp_mb) * 2**20)]
-        a = ['bwrap', '--unshare-all', '--die-with-parent', '--new-session', '--hostname', 'clawgym', *BwrapSandbox._sys,
+        a = ['bwrap', '--unshare-all', '--die-with-parent', '--new-session', '--hostname', 'clawgym', *_BwrapNamespace._sys,
              '--proc', '/proc', '--dev', '/dev', *size, '--tmpfs', '/tmp', *size, '--tmpfs', '/dev/shm',
              *size, '--tmpfs', '/root', '--bind', str(self.workspace), self.root]
         for host, inside in self.ro_binds.items(): a += ['--ro-bind', str(Path(host).resolve()), inside]
         return a + ['--remount-ro', '/', '--chdir', self.root]
-
-    def _start(self):
-        "The namespace starts on first use: a sandbox that never runs a command (a do-nothing agent) costs no process."
-        self._boot_lock = threading.Lock()
 
     def _boot(self):
         with self._boot_lock:
@@ -499,6 +491,29 @@ class BwrapSandbox(Sandbox):
         if lim.pids and not self._cg.ok: rl.append(f'--nproc={int(lim.pids)}')   # only counts for non-root users
         if lim.memory_mb and 'memory' not in self._cg.dirs: rl.append(f'--as={int(lim.memory_mb) * 2**20}')
         if rl: self._pre += ['prlimit', *rl, '--']
+
+# %% ../../nbs/env/01_sandbox.ipynb #c23254d2
+class BwrapSandbox(_BwrapNamespace, Sandbox):
+    "Namespaces via bubblewrap: read-only system, private /tmp, no network, only the workspace writable."
+    provider, isolated, root = 'bwrap', True, WORKSPACE_MOUNT
+    _probe = None
+
+    @classmethod
+    def probe(cls) -> str|None:
+        "None when a bwrap sandbox works here, else the reason (probed once)."
+        if cls._probe is None:
+            missing = [b for b in ('bwrap', 'nsenter', 'setpriv', 'prlimit', 'bash') if not shutil.which(b)]
+            if missing: cls._probe = f'missing binaries: {", ".join(missing)}'
+            else:
+                try:
+                    with cls(limits=SandboxLimits(timeout=20)) as sb: r = sb.exec('echo ok')
+                    cls._probe = '' if r.stdout == 'ok\n' else f'bwrap probe failed: {(r.stderr or r.stdout).strip()[:200]}'
+                except Exception as e: cls._probe = f'bwrap probe failed: {" ".join(str(e).split())[:200]}'
+        return cls._probe or None
+
+    def _start(self):
+        "The namespace starts on first use: a sandbox that never runs a command (a do-nothing agent) costs no process."
+        self._boot_lock = threading.Lock()
 
     def _argv(self, argv, cwd, env):
         self._boot()

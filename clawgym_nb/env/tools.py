@@ -88,9 +88,6 @@ def truncate_tail(text:str) -> str:
             f'Redirect the output to a file and read it to see everything.]\n' + '\n'.join(reversed(keep)))
 
 # %% ../../nbs/env/02_tools.ipynb #18f02766
-_MODEL_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
-                 errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EFBIG, errno.ETXTBSY}
-
 class _ExitWatch:
     "Sleeps that end early when the job's process exits (a pidfd, where the kernel has them; plain sleeps elsewhere)."
     def __init__(self, proc):
@@ -139,9 +136,44 @@ class _Job:
         if self.killed: return 'killed'
         return f'exited with code {rc}'
 
+# %% ../../nbs/env/02_tools.ipynb #c9673fb6
+class _ToolArgs:
+    "Reading a tool call's arguments: aliases, numbers sent as strings, and a clear error for the rest."
+    @staticmethod
+    def _pick(a:dict, keys:tuple, what:str, tool:str, required=True):
+        for k in keys:
+            if a.get(k) is not None:
+                if not isinstance(a[k], str): raise ToolError(f'`{k}` must be a string, got {type(a[k]).__name__}')
+                return a[k]
+        if required: raise ToolError(f'{tool} needs `{keys[0]}` ({what})')
+        return None
 
-# %% ../../nbs/env/02_tools.ipynb #94b3d9ee
-class ToolBox:
+    def _path(self, a:dict, tool:str) -> str:
+        p = self._pick(a, PATH_KEYS, 'the file path', tool)
+        if not p.strip(): raise ToolError(f'{tool}: `path` is empty')
+        return p
+
+    @staticmethod
+    def _shown(a:dict) -> str: return next((str(a[k]) for k in PATH_KEYS + ('workdir',) if a.get(k)), '')
+
+    @staticmethod
+    def _num(a:dict, key:str, default=None, minimum=None, integer=True):
+        v = a.get(key)
+        if v is None or v == '': return default
+        if isinstance(v, bool): raise ToolError(f'`{key}` must be a number, got a boolean')
+        try: x = float(v)
+        except (TypeError, ValueError): raise ToolError(f'`{key}` must be a number, got {v!r}') from None
+        if integer:
+            if x != int(x): raise ToolError(f'`{key}` must be a whole number, got {v!r}')
+            x = int(x)
+        if minimum is not None and x < minimum: raise ToolError(f'`{key}` must be at least {minimum}, got {v!r}')
+        return x
+
+# %% ../../nbs/env/02_tools.ipynb #89a084d5
+_MODEL_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG,
+                 errno.ELOOP, errno.EEXIST, errno.EINVAL, errno.EFBIG, errno.ETXTBSY}
+
+class ToolBox(_ToolArgs):
     "OpenClaw's coding tools bound to one sandbox: `.schemas` for the model, `.call(name, arguments)` for each tool call."
     def __init__(self, sandbox:Sandbox,          # Where files live and commands run
                  deny:tuple|list=(),            # Tool names to withhold (e.g. ('exec', 'process'))
@@ -180,37 +212,6 @@ class ToolBox:
         except OSError as e:
             if e.errno not in _MODEL_ERRNOS: raise
             return ToolResult(f'Error: {e.strerror}: {self._shown(arguments)}', True)
-
-    # --- argument helpers ------------------------------------------------------------------------------
-    @staticmethod
-    def _pick(a:dict, keys:tuple, what:str, tool:str, required=True):
-        for k in keys:
-            if a.get(k) is not None:
-                if not isinstance(a[k], str): raise ToolError(f'`{k}` must be a string, got {type(a[k]).__name__}')
-                return a[k]
-        if required: raise ToolError(f'{tool} needs `{keys[0]}` ({what})')
-        return None
-
-    def _path(self, a:dict, tool:str) -> str:
-        p = self._pick(a, PATH_KEYS, 'the file path', tool)
-        if not p.strip(): raise ToolError(f'{tool}: `path` is empty')
-        return p
-
-    @staticmethod
-    def _shown(a:dict) -> str: return next((str(a[k]) for k in PATH_KEYS + ('workdir',) if a.get(k)), '')
-
-    @staticmethod
-    def _num(a:dict, key:str, default=None, minimum=None, integer=True):
-        v = a.get(key)
-        if v is None or v == '': return default
-        if isinstance(v, bool): raise ToolError(f'`{key}` must be a number, got a boolean')
-        try: x = float(v)
-        except (TypeError, ValueError): raise ToolError(f'`{key}` must be a number, got {v!r}') from None
-        if integer:
-            if x != int(x): raise ToolError(f'`{key}` must be a whole number, got {v!r}')
-            x = int(x)
-        if minimum is not None and x < minimum: raise ToolError(f'`{key}` must be at least {minimum}, got {v!r}')
-        return x
 
 # %% ../../nbs/env/02_tools.ipynb #733ca2b0
 def _read(self, a:dict) -> ToolResult:
