@@ -26,7 +26,7 @@ class Task:
     grading_type:str='automated'  # automated | hybrid | llm_judge
     files:dict[str,bytes]=field(default_factory=dict)         # Initial workspace files: rel path -> bytes
     reward_files:dict[str,bytes]=field(default_factory=dict)  # Files under reward/: rel path -> bytes
-    rubric:dict|None=None         # ClawGym rubric (FORMATS.md 6), `{'skip_rubric': True, ...}` or `{'format': 'pinchbench', 'text': ...}`
+    rubric:dict|None=None         # ClawGym rubric (the persona route's `rules`), `{'skip_rubric': True, ...}` or `{'format': 'pinchbench', 'text': ...}`
     weights:dict|None=None        # Hybrid weights `{'code': a, 'rubric': b}`; None = grader default
     timeout_s:float=600           # Episode time limit
     metadata:dict=field(default_factory=dict)  # Everything else (kept round-trip in data_entry.json)

@@ -57,7 +57,7 @@ class OpResult:
     outputs:list                    # Paths the task must produce
     plan:dict                       # Parameters a scripted teacher may perturb
     expected:list=field(default_factory=list)      # Literal answers that must not appear in the instruction
-    rubric_rules:list=field(default_factory=list)  # FORMATS.md section 6 rules for what code cannot check
+    rubric_rules:list=field(default_factory=list)  # ClawGym rubric rules for what code cannot check
     difficulty:int=1                # 1 easy .. 3 hard
 
 # %% ../../nbs/syndata/01_opspec.ipynb #b601e789
