@@ -37,7 +37,7 @@ OPS = {o.name: o for o in [
 def test_all_real_skills_parse_or_one_line_error():
     errs = []
     sk = load_skills(REAL, errors=errs)
-    n_dirs = sum(1 for o in (REAL / 'skills').iterdir() for _ in o.iterdir())
+    n_dirs = sum(1 for o in REAL.iterdir() for _ in o.iterdir())
     assert len(sk) + len(errs) == n_dirs and len(sk) >= 370
     assert all('\n' not in e and 'SKILL.md' in e for e in errs)
     ok, bad, counts = filter_skills(sk)
