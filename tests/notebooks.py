@@ -5,10 +5,11 @@ save it with its outputs. One code path for both uses:
 - `make nbs` runs the library notebooks through `python tests/notebooks.py --save NB...`, so the committed notebooks
   show the evidence their lesson cells print (and `make test` still runs them all from scratch).
 
-A saved notebook is refused when an output shows a machine path (the clone's folder, the external data folder, a
-temp folder, the home cache) or progress-bar noise: a reader on GitHub sees neither.
+Before saving, the places that differ from one machine to the next are written as what they are: a temp folder as
+`<tmp>`, the clone as `<repo>`, the external data folder as `<data>`, the home cache as `~/.cache`. A notebook whose
+outputs still show a machine path, or progress-bar noise, is refused: a reader on GitHub sees neither.
 """
-import os, re, sys
+import os, re, sys, tempfile
 from pathlib import Path
 from execnb.nbio import read_nb, write_nb
 from fastcore.basics import AttrDict
@@ -16,7 +17,7 @@ from execnb.shell import CaptureShell
 from nbdev.process import extract_directives
 
 ROOT = Path(__file__).resolve().parents[1]
-NOISE = re.compile(r'\r|\d+it/s\]|\|[#█▉▊▋▌▍▎▏ ]{5,}\|')
+NOISE = re.compile(r'\r(?!\n)|\d+it/s\]|\|[#█▉▊▋▌▍▎▏ ]{5,}\|')
 
 
 def _skip(flags:set):
@@ -28,9 +29,33 @@ def _skip(flags:set):
     return skip
 
 
+def _placeholders() -> list:
+    "(pattern, what a reader sees) for the machine-specific places an output may name; the most specific first."
+    from clawgym_nb.core.basics import data_dir
+    tmp = re.escape(tempfile.gettempdir())
+    return [(re.compile(tmp + r'/(?:tmp|clawgym-[a-z-]*)[a-z0-9_]{8}'), '<tmp>'),
+            (re.compile(re.escape(str(data_dir().resolve()))), '<data>'), (re.compile(re.escape(str(data_dir()))), '<data>'),
+            (re.compile(re.escape(str(ROOT))), '<repo>'), (re.compile(re.escape(str(Path.home()/'.cache'))), '~/.cache')]
+
+
+def sanitise(nb) -> None:
+    "Write the machine-specific places in `nb`'s text outputs as placeholders (in place)."
+    subs = _placeholders()
+    def fix(text):
+        for rx, to in subs: text = rx.sub(to, text)
+        return text
+    for c in nb.cells:
+        for o in c.get('outputs', []):
+            if 'text' in o: o['text'] = fix(''.join(o['text']))
+            for k, v in o.get('data', {}).items():
+                if k.startswith('text/'): o['data'][k] = fix(''.join(v))
+
+
 def machine_text(text:str) -> list[str]:
     "What in an output a reader elsewhere must not see: this machine's paths and progress-bar noise."
-    bad = [p for p in (str(ROOT), str(ROOT.parent), str(Path.home()/'.cache'), '/tmp/') if p in text]
+    places = (re.escape(str(ROOT)), re.escape(str(ROOT.parent)) + r'(?![\w.-])',   # the clone's parent, not e.g. /workspace
+              re.escape(str(Path.home()/'.cache')), re.escape(tempfile.gettempdir()) + '/tmp')
+    bad = [m.group(0) for m in (re.search(p, text) for p in places) if m]
     return bad + (['progress-bar noise'] if NOISE.search(text) else [])
 
 
@@ -40,7 +65,9 @@ def output_problems(nb) -> list[str]:
     for i, c in enumerate(nb.cells):
         for o in c.get('outputs', []):
             text = ''.join(o.get('text', '')) + ''.join(''.join(v) for k, v in o.get('data', {}).items() if k.startswith('text/'))
-            for b in machine_text(text): out.append(f'cell {i}: {b!r} in its output')
+            for b in machine_text(text):
+                at = text.find(b) if b != 'progress-bar noise' else NOISE.search(text).start()
+                out.append(f'cell {i}: {b!r} in its output: ...{text[max(0, at - 60):at + 60]!r}...')
     return out
 
 
@@ -56,7 +83,7 @@ def run(path:str|Path, skip_flags=(), save:bool=False) -> None:
         if shell.exc is None: raise
         sys.stderr.write(shell.prettytb(fname=path) + '\n'); raise SystemExit(1)
     if save:
-        problems = output_problems(nb)
+        sanitise(nb); problems = output_problems(nb)
         if problems: raise SystemExit(f'{path.relative_to(ROOT)}: not saved: ' + '; '.join(problems))
         write_nb(nb, path)
 
@@ -67,6 +94,6 @@ if __name__ == '__main__':   # python tests/notebooks.py [--save] [--skip slow,g
     skip = []
     if '--skip' in args:
         i = args.index('--skip'); skip = [f for f in args[i + 1].split(',') if f]; del args[i:i + 2]
-    for nb_path in args:
-        print(nb_path, flush=True)
+    for nb_path in [Path(a).resolve() for a in args]:   # resolved first: `run` changes the working folder
+        print(nb_path.relative_to(ROOT), flush=True)
         run(nb_path, skip, save)

@@ -26,3 +26,17 @@ def test_notebook(nb, request):
     r = subprocess.run([sys.executable, str(ROOT/'tests'/'notebooks.py'), '--skip', ','.join(skip), str(nb)], capture_output=True, text=True)
     assert r.returncode == 0, f'{nb.relative_to(ROOT)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}'
 
+
+
+LIBRARY = [p for p in NOTEBOOKS if p.relative_to(ROOT/'nbs').parts[0] != 'experiments']   # experiments run into results/
+
+
+@pytest.mark.parametrize('nb', LIBRARY, ids=[str(p.relative_to(ROOT/'nbs')) for p in LIBRARY])
+def test_committed_notebook_shows_its_evidence(nb):
+    "Library notebooks are committed executed (`make nbs`), and no output shows a machine path or progress noise."
+    from execnb.nbio import read_nb
+    from notebooks import output_problems
+    cells = read_nb(nb).cells
+    assert any(c.get('outputs') for c in cells), f'{nb.relative_to(ROOT)} is committed without outputs: run `make nbs`'
+    problems = output_problems(read_nb(nb))
+    assert not problems, f'{nb.relative_to(ROOT)}: ' + '; '.join(problems)

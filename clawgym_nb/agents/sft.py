@@ -4,12 +4,16 @@
 
 # %% ../../nbs/agents/05_sft.ipynb #5a8a129d
 from __future__ import annotations
-import csv, io, json, math, os, shutil, time
+import csv, io, json, math, os, shutil, time, warnings
 from pathlib import Path
 from ..core.basics import ClawError, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 from .models import base_rung, load_model, rung_label
+
+# peft 0.21 and trl read transformers 5's deprecated `is_gradient_checkpointing` alias whenever they wrap a model for
+# LoRA: a FutureWarning about their code, not the caller's, printed at every wrap. (GRPO imports this module too.)
+warnings.filterwarnings('ignore', message='`is_gradient_checkpointing` is deprecated', category=FutureWarning)
 
 # %% auto #0
 __all__ = ['sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
@@ -100,7 +104,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
                     num_train_epochs=epochs, max_steps=max_steps, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
                     logging_steps=1, save_steps=save_steps, save_total_limit=2, report_to='none', seed=seed, data_seed=seed,
                     bf16=bf16, use_cpu=device == 'cpu', dataloader_num_workers=0, packing=False, disable_tqdm=True,
-                    gradient_checkpointing=False, include_num_input_tokens_seen='non_padding',
+                    activation_checkpointing=False, include_num_input_tokens_seen='non_padding',
                     train_sampling_strategy='group_by_length')
     if not examples: raise ClawError('no training examples', field='data')
     cls = SFTTrainer if (fused_lm_head if fused_lm_head is not None else device != 'cpu') else _plain_loss_trainer()
