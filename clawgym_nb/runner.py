@@ -8,7 +8,8 @@ import ast, hashlib, json, os, shutil, sys, time
 from datetime import datetime, timezone
 from pathlib import Path
 import yaml
-from .core.basics import ClawError, atomic_write_json, git_commit, package_versions, machine_info, project_root, replace_dir
+from .core.basics import (ClawError, atomic_write_json, atomic_write_text, git_commit, package_versions, machine_info,
+                                     project_root, replace_dir, sanitise_outputs)
 
 # %% auto #0
 __all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
@@ -110,6 +111,22 @@ def resolve_parameters(name:str, variant:str|None=None, params_file:str|Path|Non
                             file=where if where != '--set' else None, field='--set' if where == '--set' else ', '.join(unknown))
     return variant, {**defaults, **given, **overrides}, (str(src) if src else None)
 
+# %% ../nbs/01_runner.ipynb #d492d0c8
+class _no_bars_in_kernel:
+    "Set `TQDM_DISABLE=1` for the kernel papermill starts (it inherits this process's environment), and restore it after."
+    def __enter__(self): self.old = os.environ.get('TQDM_DISABLE'); os.environ['TQDM_DISABLE'] = '1'
+    def __exit__(self, *exc):
+        if self.old is None: os.environ.pop('TQDM_DISABLE', None)
+        else: os.environ['TQDM_DISABLE'] = self.old
+
+def _publishable(executed:Path, work:Path, final:str, root:Path) -> None:
+    "Rewrite the executed notebook as results/ publishes it: `work` named `final`, the papermill paths relative, machine paths as placeholders."
+    nb = json.loads(executed.read_text(encoding='utf-8').replace(str(work), final))
+    meta = nb.get('metadata', {}).get('papermill', {})
+    for k in ('input_path', 'output_path'):
+        if meta.get(k) and os.path.isabs(meta[k]): meta[k] = os.path.relpath(meta[k], root)
+    atomic_write_text(executed, json.dumps(sanitise_outputs(nb), indent=1, ensure_ascii=False) + '\n')
+
 # %% ../nbs/01_runner.ipynb #dc959dd4
 def _digest(params:dict) -> str:
     return hashlib.sha256(json.dumps({k: v for k, v in params.items() if k != 'out_dir'}, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -147,8 +164,9 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     t0 = time.time()
     log(f'{name}/{variant}: running {nb.name} -> {final}')
     try:
-        pm.execute_notebook(str(nb), str(work/f'{name}.ipynb'), parameters={**params, 'out_dir': str(work)},
-                            progress_bar=progress, cwd=str(nb.parent), kernel_name='python3')
+        with _no_bars_in_kernel():
+            pm.execute_notebook(str(nb), str(work/f'{name}.ipynb'), parameters={**params, 'out_dir': str(work)},
+                                progress_bar=progress, cwd=str(nb.parent), kernel_name='python3')
     except pm.PapermillExecutionError as e:
         failed = _keep_failed(lay, name, variant, work)
         raise ClawError(f'notebook failed in cell {e.exec_count}: {e.ename}: {" ".join(str(e.evalue).split())[:300]} (executed notebook kept in {failed})',
@@ -163,6 +181,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     run.update(status='complete', ended=_now(), wall_s=round(time.time() - t0, 1), artifacts=notebook_artifacts(nb),
                files={'n': len(files) + 1, 'bytes': sum(p.stat().st_size for p in files)})
     atomic_write_json(work/'run.json', run)
+    _publishable(work/f'{name}.ipynb', work, rel(final), lay.results.parent)
     replace_dir(work, final)
     log(f'{name}/{variant}: complete in {run["wall_s"]} s')
     return run

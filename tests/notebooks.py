@@ -5,8 +5,9 @@ save it with its outputs. One code path for both uses:
 - `make nbs` runs the library notebooks through `python tests/notebooks.py --save NB...`, so the committed notebooks
   show the evidence their lesson cells print (and `make test` still runs them all from scratch).
 
-Before saving, the places that differ from one machine to the next are written as what they are: a temp folder as
-`<tmp>`, the clone as `<repo>`, the external data folder as `<data>`, the home cache as `~/.cache`. A notebook whose
+Before saving, the places that differ from one machine to the next are written as what they are
+(`core.basics.sanitise_outputs`: a temp folder as `<tmp>`, the clone as `<repo>`, the external data folder as
+`<data>`, the home cache as `~/.cache`). A notebook whose
 outputs still show a machine path, or progress-bar noise, is refused: a reader on GitHub sees neither.
 """
 import os, re, sys, tempfile
@@ -15,6 +16,7 @@ from execnb.nbio import read_nb, write_nb
 from fastcore.basics import AttrDict
 from execnb.shell import CaptureShell
 from nbdev.process import extract_directives
+from clawgym_nb.core.basics import sanitise_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 NOISE = re.compile(r'\r(?!\n)|\d+it/s\]|\|[#█▉▊▋▌▍▎▏ ]{5,}\|')
@@ -27,28 +29,6 @@ def _skip(flags:set):
         d = extract_directives(AttrDict(source=cell.source), remove=False)
         return d.get('eval:', [''])[0].lower() == 'false' or bool(flags & d.keys())
     return skip
-
-
-def _placeholders() -> list:
-    "(pattern, what a reader sees) for the machine-specific places an output may name; the most specific first."
-    from clawgym_nb.core.basics import data_dir
-    tmp = re.escape(tempfile.gettempdir())
-    return [(re.compile(tmp + r'/(?:tmp|clawgym-[a-z-]*)[a-z0-9_]{8}'), '<tmp>'),
-            (re.compile(re.escape(str(data_dir().resolve()))), '<data>'), (re.compile(re.escape(str(data_dir()))), '<data>'),
-            (re.compile(re.escape(str(ROOT))), '<repo>'), (re.compile(re.escape(str(Path.home()/'.cache'))), '~/.cache')]
-
-
-def sanitise(nb) -> None:
-    "Write the machine-specific places in `nb`'s text outputs as placeholders (in place)."
-    subs = _placeholders()
-    def fix(text):
-        for rx, to in subs: text = rx.sub(to, text)
-        return text
-    for c in nb.cells:
-        for o in c.get('outputs', []):
-            if 'text' in o: o['text'] = fix(''.join(o['text']))
-            for k, v in o.get('data', {}).items():
-                if k.startswith('text/'): o['data'][k] = fix(''.join(v))
 
 
 def machine_text(text:str) -> list[str]:
@@ -83,7 +63,7 @@ def run(path:str|Path, skip_flags=(), save:bool=False) -> None:
         if shell.exc is None: raise
         sys.stderr.write(shell.prettytb(fname=path) + '\n'); raise SystemExit(1)
     if save:
-        sanitise(nb); problems = output_problems(nb)
+        sanitise_outputs(nb); problems = output_problems(nb)
         if problems: raise SystemExit(f'{path.relative_to(ROOT)}: not saved: ' + '; '.join(problems))
         write_nb(nb, path)
 

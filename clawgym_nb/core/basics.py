@@ -11,7 +11,8 @@ from typing import Any, Iterable, Iterator
 # %% auto #0
 __all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text',
            'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'data_dir',
-           'external_data', 'missing_data', 'git_commit', 'package_versions', 'machine_info']
+           'external_data', 'missing_data', 'git_commit', 'package_versions', 'machine_info', 'machine_places',
+           'sanitise_outputs']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -166,3 +167,26 @@ def machine_info() -> dict:
     except (ValueError, OSError, AttributeError): pass
     return {'platform': platform.platform(), 'python': sys.version.split()[0], 'cpus': os.cpu_count(),
             'mem_gib': mem, 'hostname': platform.node()}
+
+# %% ../../nbs/core/00_basics.ipynb #d39ab0c3
+def machine_places(root:str|Path|None=None) -> list:
+    "(compiled pattern, placeholder) for what differs per machine: temp folders, the external data folder, the clone, the home cache."
+    import re
+    root = Path(root or project_root())
+    tmp = re.escape(tempfile.gettempdir())
+    return [(re.compile(tmp + r'/(?:tmp|clawgym-[a-z-]*)[a-z0-9_]{8}'), '<tmp>'),
+            *[(re.compile(re.escape(str(p))), '<data>') for p in dict.fromkeys([data_dir().resolve(), data_dir()])],
+            (re.compile(re.escape(str(root))), '<repo>'), (re.compile(re.escape(str(Path.home()/'.cache'))), '~/.cache')]
+
+def sanitise_outputs(nb:dict, places:list|None=None) -> dict:
+    "Write the machine-specific places in the text outputs of notebook `nb` (a dict, as nbformat reads it) as placeholders, in place."
+    places = machine_places() if places is None else places
+    def fix(text):
+        for rx, to in places: text = rx.sub(to, text)
+        return text
+    for c in nb.get('cells', []):
+        for o in c.get('outputs', []):
+            if 'text' in o: o['text'] = fix(''.join(o['text']))
+            for k, v in o.get('data', {}).items():
+                if k.startswith('text/'): o['data'][k] = fix(''.join(v) if isinstance(v, list) else v)
+    return nb
