@@ -181,12 +181,13 @@ def machine_places(root:str|Path|None=None) -> list:
 def sanitise_outputs(nb:dict, places:list|None=None) -> dict:
     "Write the machine-specific places in the text outputs of notebook `nb` (a dict, as nbformat reads it) as placeholders, in place."
     places = machine_places() if places is None else places
-    def fix(text):
-        for rx, to in places: text = rx.sub(to, text)
-        return text
+    def fix(text):   # a list of lines stays a list of lines (as nbformat writes them)
+        out = ''.join(text) if isinstance(text, list) else text
+        for rx, to in places: out = rx.sub(to, out)
+        return out.splitlines(keepends=True) if isinstance(text, list) else out
     for c in nb.get('cells', []):
         for o in c.get('outputs', []):
-            if 'text' in o: o['text'] = fix(''.join(o['text']))
+            if 'text' in o: o['text'] = fix(o['text'])
             for k, v in o.get('data', {}).items():
-                if k.startswith('text/'): o['data'][k] = fix(''.join(v) if isinstance(v, list) else v)
+                if k.startswith('text/'): o['data'][k] = fix(v)
     return nb
