@@ -175,8 +175,57 @@ def _forget_engine():
     _ENGINE, _ENGINE_LOCK = None, threading.Lock()
 os.register_at_fork(after_in_child=_forget_engine)
 
+# %% ../../nbs/env/01a_docker_sandbox.ipynb #12b9c019
+class _DockerBackground(BackgroundProcess):
+    "A job inside a container: its output starts after a ready marker (stripped); `kill` kills its process group inside too."
+    def __init__(self, p:subprocess.Popen, command:str, sb:DockerSandbox, jid:str):
+        self.marker, self.ready, self.cid, self._gone = f'\x1eclawgym-ready-{jid}\n'.encode(), threading.Event(), sb.cid, sb._gone
+        super().__init__(p, command); self.id = jid
+
+    def _read(self):
+        fd, head = self.p.stdout.fileno(), b''
+        while len(head) < len(self.marker) and self.marker.startswith(head):
+            try: chunk = os.read(fd, 65536)
+            except OSError: chunk = b''
+            if not chunk: break                      # ended before the marker (the engine refused): keep what it said
+            head += chunk
+        with self._lock: self._buf += head[len(self.marker):] if head.startswith(self.marker) else head
+        self.ready.set()
+        super()._read()
+
+    def kill(self):
+        if not self._gone.is_set():                  # the container still exists: kill the job's group inside it
+            try: subprocess.run(['docker', 'exec', self.cid, 'sh', '-c', f'kill -9 -$(cat /tmp/.clawgym-{self.id}) 2>/dev/null'],
+                                capture_output=True, timeout=30 + _engine().exec_margin())
+            except subprocess.TimeoutExpired: pass
+        super().kill()
+
+class _DockerCommands:
+    "How a `DockerSandbox` runs commands: `docker exec` into its container (the lifecycle is `DockerSandbox`'s own)."
+    def _argv(self, argv, cwd, env):
+        a = ['docker', 'exec', '-i', '-w', cwd]
+        for k, v in env.items(): a += ['-e', f'{k}={v}']
+        return a + [self.cid, *argv], None, None
+
+    def exec(self, cmd, cwd=None, env=None, timeout=None, input=None):
+        "Run a command to completion; on timeout `timeout -s KILL` kills its whole process group inside the container."
+        t = self.limits.timeout if timeout is None else timeout
+        r = super().exec(['timeout', '-s', 'KILL', f'{t:g}', *self._cmd(cmd)], cwd, env, t + _engine().exec_margin(), input)
+        if r.timed_out or r.wall_s >= t * 0.98: r.returncode, r.timed_out = None, True   # killed by the inner `timeout`
+        return r
+
+    def start(self, cmd, cwd=None, env=None):
+        "Start a background job (its own session inside the container), returning once it runs; killed at close()."
+        jid, t0, eng = uuid.uuid4().hex[:8], time.monotonic(), _engine()
+        wrap = f'echo $$ > /tmp/.clawgym-{jid}; printf \'\\036clawgym-ready-{jid}\\n\'; exec "$@"'
+        p = self._popen(['setsid', '-w', 'bash', '-c', wrap, 'job', *self._cmd(cmd)], cwd, env, subprocess.PIPE, subprocess.STDOUT)
+        bp = _DockerBackground(p, cmd if isinstance(cmd, str) else ' '.join(map(str, cmd)), self, jid)
+        self._procs.remove(p); self._bg.append(bp)
+        if bp.ready.wait(eng.budget()) and bp.poll() is None: eng.execs.append(time.monotonic() - t0)
+        return bp
+
 # %% ../../nbs/env/01a_docker_sandbox.ipynb #1f152fa8
-class DockerSandbox(Sandbox):
+class DockerSandbox(_DockerCommands, Sandbox):
     "One container per task: no network, memory/pids/CPU limits, workspace bind-mounted, removed at close()."
     provider, isolated, root, image = 'docker', True, WORKSPACE_MOUNT, BASE_IMAGE
     _probe = None
@@ -233,55 +282,6 @@ class DockerSandbox(Sandbox):
             except docker.errors.NotFound: pass
         try: eng.call(f'remove container {name}', remove)
         except Exception as e: warnings.warn(f'{_one_line(e, 400)} (cleanup_containers() removes it after this process ends)', stacklevel=2)
-
-# %% ../../nbs/env/01a_docker_sandbox.ipynb #12b9c019
-class _DockerBackground(BackgroundProcess):
-    "A job inside a container: its output starts after a ready marker (stripped); `kill` kills its process group inside too."
-    def __init__(self, p:subprocess.Popen, command:str, sb:DockerSandbox, jid:str):
-        self.marker, self.ready, self.cid, self._gone = f'\x1eclawgym-ready-{jid}\n'.encode(), threading.Event(), sb.cid, sb._gone
-        super().__init__(p, command); self.id = jid
-
-    def _read(self):
-        fd, head = self.p.stdout.fileno(), b''
-        while len(head) < len(self.marker) and self.marker.startswith(head):
-            try: chunk = os.read(fd, 65536)
-            except OSError: chunk = b''
-            if not chunk: break                      # ended before the marker (the engine refused): keep what it said
-            head += chunk
-        with self._lock: self._buf += head[len(self.marker):] if head.startswith(self.marker) else head
-        self.ready.set()
-        super()._read()
-
-    def kill(self):
-        if not self._gone.is_set():                  # the container still exists: kill the job's group inside it
-            try: subprocess.run(['docker', 'exec', self.cid, 'sh', '-c', f'kill -9 -$(cat /tmp/.clawgym-{self.id}) 2>/dev/null'],
-                                capture_output=True, timeout=30 + _engine().exec_margin())
-            except subprocess.TimeoutExpired: pass
-        super().kill()
-
-def _argv(self, argv, cwd, env):
-    a = ['docker', 'exec', '-i', '-w', cwd]
-    for k, v in env.items(): a += ['-e', f'{k}={v}']
-    return a + [self.cid, *argv], None, None
-
-def _exec(self, cmd, cwd=None, env=None, timeout=None, input=None):
-    "Run a command to completion; on timeout `timeout -s KILL` kills its whole process group inside the container."
-    t = self.limits.timeout if timeout is None else timeout
-    r = Sandbox.exec(self, ['timeout', '-s', 'KILL', f'{t:g}', *self._cmd(cmd)], cwd, env, t + _engine().exec_margin(), input)
-    if r.timed_out or r.wall_s >= t * 0.98: r.returncode, r.timed_out = None, True   # killed by the inner `timeout`
-    return r
-
-def _start_job(self, cmd, cwd=None, env=None):
-    "Start a background job (its own session inside the container), returning once it runs; killed at close()."
-    jid, t0, eng = uuid.uuid4().hex[:8], time.monotonic(), _engine()
-    wrap = f'echo $$ > /tmp/.clawgym-{jid}; printf \'\\036clawgym-ready-{jid}\\n\'; exec "$@"'
-    p = self._popen(['setsid', '-w', 'bash', '-c', wrap, 'job', *self._cmd(cmd)], cwd, env, subprocess.PIPE, subprocess.STDOUT)
-    bp = _DockerBackground(p, cmd if isinstance(cmd, str) else ' '.join(map(str, cmd)), self, jid)
-    self._procs.remove(p); self._bg.append(bp)
-    if bp.ready.wait(eng.budget()) and bp.poll() is None: eng.execs.append(time.monotonic() - t0)
-    return bp
-
-DockerSandbox._argv, DockerSandbox.exec, DockerSandbox.start = _argv, _exec, _start_job
 
 # %% ../../nbs/env/01a_docker_sandbox.ipynb #ddbd8ada
 def project_containers(owner:str|None=None) -> list:
