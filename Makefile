@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 SCALE ?= default
 SYSTEM_PACKAGES := bubblewrap docker.io debootstrap
 
-.PHONY: all env sysdeps docker-up test check-sync run smoke readme nbs clean-results
+.PHONY: all env llama-cpp sysdeps docker-up test check-sync run smoke readme nbs clean-results
 
 all: test
 
@@ -21,6 +21,11 @@ $(BIN)/.installed: settings.ini setup.py
 	touch $@
 
 env: $(BIN)/.installed
+
+# Optional: llama.cpp through llama-cpp-python, only as a candidate in `clawgym-nb perf generate` (it compiles
+# llama.cpp from source: minutes; the project itself never imports it). Prints how long the build took.
+llama-cpp: env
+	@t0=$$(date +%s); $(BIN)/pip install -q llama-cpp-python==0.3.36 && echo "llama-cpp-python built in $$(( $$(date +%s) - t0 )) s"
 
 # System packages the sandboxes need; installed with apt-get when we are root, otherwise we say what to install.
 sysdeps:

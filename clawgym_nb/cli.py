@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, contextlib, json, sys
 from pathlib import Path
-from .core.basics import ClawError, read_jsonl
+from .core.basics import ClawError, atomic_write_json, read_jsonl
 from .env.grading import RubricJudge
 from .agents.filtering import load_trajectories, write_sft_dataset
 from . import runner
@@ -23,6 +23,7 @@ from .env.docker_sandbox import build_base_image
 from .agents.gpu_check import gpu_check
 from .agents.sft import train_sft
 from .agents.grpo import grpo_train
+from .agents.generate_perf import GENERATE_ENGINES, benchmark_generation
 
 # %% auto #0
 __all__ = ['parse_weights', 'parse_mix', 'make_judge', 'sft_data', 'main']
@@ -59,6 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     pg = psub.add_parser('grading', help='evaluate(noop) vs plain python3 check.py runs')
     pg.add_argument('--n', type=int, default=200); pg.add_argument('--workers', type=int, default=2)
     pg.add_argument('--sandbox', default='bwrap'); pg.add_argument('--json', action='store_true')
+    pe = psub.add_parser('generate', help='generation engines side by side: decode at 1 and N turns, prefill, roofline, choice')
+    pe.add_argument('--model', default='small'); pe.add_argument('--rows', type=int, default=16)
+    pe.add_argument('--new-tokens', type=int, default=128); pe.add_argument('--engines', default=','.join(GENERATE_ENGINES))
+    pe.add_argument('--rounds', type=int, default=2, help='measure every engine this many times (rotated order), keep the best')
+    pe.add_argument('--out', type=Path, help='also write the JSON here (atomically)'); pe.add_argument('--json', action='store_true')
     sy = sub.add_parser('synth', help='synthesise tasks (persona, skill or mixed route), validated by running them')
     sy.add_argument('--route', required=True, choices=['persona', 'skill', 'mixed']); sy.add_argument('--n', type=int, required=True)
     sy.add_argument('--seed', type=int, default=0); sy.add_argument('--out', type=Path, required=True)
@@ -196,6 +202,13 @@ def _cmd(a) -> int:
     elif a.cmd == 'perf' and a.what == 'grading':
         res = benchmark_grading(n=a.n, workers=a.workers, provider=a.sandbox)
         _print_json(res) if a.json else print(res)
+    elif a.cmd == 'perf' and a.what == 'generate':
+        res = benchmark_generation(a.model, a.rows, a.new_tokens, tuple(e for e in a.engines.split(',') if e), a.rounds, log=lambda *x: print(*x, file=sys.stderr))
+        if a.out: atomic_write_json(a.out, res)
+        if a.json: _print_json(res)
+        else:
+            for k, v in res['engines'].items(): print(f'{k:<22} {v}')
+            print('chosen:', res['chosen'])
     elif a.cmd == 'synth':
         synthesize(a.route, a.n, a.seed, a.out, backend=a.backend, personas=a.personas, skills=a.skills, mix=parse_mix(a.mix),
                    validate=not a.no_validate, provider=a.sandbox, workers=a.workers, progress=not a.no_progress)

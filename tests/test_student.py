@@ -82,11 +82,11 @@ class FirstTurnToolCall:
         self.forced = g.tok(self.TEXT, add_special_tokens=False)['input_ids']
         assert self.forced[-1] in g.eos_ids
 
-    def generate(self, ids, max_new_tokens=256, temperature=0.0, owner=None):
+    def generate_logps(self, ids, max_new_tokens=256, temperature=0.0, owner=None):
         self.turn += 1
         if self.turn == 1:
-            assert max_new_tokens >= len(self.forced); return list(self.forced)
-        return self.g.generate(ids, max_new_tokens, temperature, owner=owner)
+            assert max_new_tokens >= len(self.forced); return list(self.forced), [0.0] * len(self.forced)
+        return self.g.generate_logps(ids, max_new_tokens, temperature, owner=owner)
 
     def release(self, owner): self.g.release(owner)
 
@@ -286,10 +286,14 @@ def _three_episodes(g, owners, turns=3):
     return outs
 
 
-def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen):
+ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16')]
+ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16']
+
+@pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
+def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, kw):
     from clawgym_nb.agents.student import Generator
     class Owner: pass
-    cold, warm = Generator(gen.tok, gen.model, reuse_cache=False), Generator(gen.tok, gen.model, reuse_cache=True)
+    cold, warm = Generator(gen.tok, gen.model, reuse_cache=False, **kw), Generator(gen.tok, gen.model, reuse_cache=True, **kw)
     owners = [Owner() for _ in range(3)]
     assert _three_episodes(cold, [Owner() for _ in range(3)]) == _three_episodes(warm, owners)
     assert warm.tokens_prefilled < cold.tokens_prefilled / 2
@@ -299,14 +303,18 @@ def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen):
     assert len(warm._kv) == 0          # caches go with their episodes' policies
 
 
-def test_continuous_batching_matches_one_sequence_generate(gen):
+@pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
+def test_continuous_batching_matches_one_sequence_generate(gen, kw):
     "Turns of different lengths and budgets decoded together (joining and leaving mid-batch, a sampled row among them) give, "
-    "for every greedy row, the tokens transformers' own `generate` gives that prompt alone; second turns reuse the cache."
+    "for every greedy row, the tokens of that prompt decoded alone: by transformers' own `generate` for the float32 engines, "
+    "by the same engine with a batch of one for bfloat16 weights (whose rounding differs from float32's); second turns reuse the cache."
     import threading, torch
     from clawgym_nb.agents.student import Generator
     tok, model = gen.tok, gen.model
-    g = Generator(tok, model)
+    g = Generator(tok, model, **kw)
+    single = Generator(tok, model, max_batch=1, **kw)
     def alone(ids, n):
+        if kw.get('weights') == 'bf16': return single.generate(ids, n, 0.0)
         with torch.no_grad():
             row = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=g.eos_ids,
                                  pad_token_id=g.pad_id)[0, len(ids):].tolist()

@@ -9,10 +9,16 @@ from functools import lru_cache
 from ..core.basics import ClawError
 from ..env.policies import PolicyError, assistant_message, model_fingerprint, parse_tool_calls, register_policy_kind
 from .models import load_model
+from .engine import PackedLM, DecodeRows, packable
 
 # %% auto #0
 __all__ = ['STUDENT_SYSTEM', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_output', 'student_messages', 'Generator',
            'render_prompt', 'suffix_text', 'StudentPolicy', 'shared_generator', 'student_policy']
+
+# %% auto #0
+__all__ = ['STUDENT_SYSTEM', 'ENGINES', 'CPU_WEIGHTS', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_output',
+           'student_messages', 'Generator', 'render_prompt', 'suffix_text', 'StudentPolicy', 'shared_generator',
+           'student_policy']
 
 # %% ../../nbs/agents/04_student.ipynb #dce8852d
 STUDENT_SYSTEM = ("You are OpenClaw, a personal assistant working in the user's workspace (the current directory). "
@@ -21,6 +27,8 @@ STUDENT_SYSTEM = ("You are OpenClaw, a personal assistant working in the user's 
                   "edit(path, oldText, newText) replaces exact text.\n"
                   'Call one tool per turn: <tool_call>\n{"name": "exec", "arguments": {"command": "ls input"}}\n</tool_call>\n'
                   "When the task is done, reply with a one-line summary and no tool call.")
+ENGINES = ('auto', 'transformers', 'packed')   # how a `Generator` runs its model ('auto': packed where it can run, on CPU)
+CPU_WEIGHTS = 'bf16'      # the packed engine's default weight format: the choice measured below
 MAX_TOOL_CHARS = 300   # tool outputs longer than this are cut (same cut in training and at inference)
 STUDENT_TOOL_NAMES = ('exec', 'read', 'write', 'edit')
 
@@ -56,51 +64,69 @@ def student_messages(messages:list,                      # OpenAI chat messages 
 class _Request:
     def __init__(self, ids, max_new_tokens, temperature, owner=None):
         self.ids, self.max_new_tokens, self.temperature, self.owner = ids, max_new_tokens, temperature, owner
-        self.done, self.out, self.error, self.new = threading.Event(), None, None, []
+        self.done, self.out, self.error, self.new, self.logps = threading.Event(), None, None, [], []
 
 class Generator:
     "A model shared by concurrent episodes: continuous batching (turns join and leave at every decoded token), KV caches kept per episode."
     def __init__(self, tok, model,
                  max_batch:int=32,          # Most turns decoded together
-                 autocast:bool=False,       # bfloat16 autocast (CPU or GPU)
-                 reuse_cache:bool=True):    # Keep each episode's KV cache between its turns
+                 autocast:bool=False,       # bfloat16 autocast (CPU or GPU; transformers engine)
+                 reuse_cache:bool=True,     # Keep each episode's KV cache between its turns
+                 engine:str='transformers', # 'transformers' (any model, any device), 'packed' (CPU, Llama / Qwen decoders) or 'auto'
+                 weights:str|None=None):    # The packed engine's weight format: 'fp32' (exact), 'bf16' or 'int8' (default `CPU_WEIGHTS`)
+        if engine not in ENGINES: raise ClawError(f'unknown engine {engine!r}; use {", ".join(ENGINES)}', field='engine')
+        if engine == 'auto': engine = 'transformers' if packable(model) else 'packed'
+        weights = weights or CPU_WEIGHTS
         self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache = tok, model, max_batch, autocast, reuse_cache
+        self.engine = PackedLM(model, weights) if engine == 'packed' else None
+        self.prefill_s = self.decode_s = 0.0
         self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids('<|im_end|>'), tok.eos_token_id) if isinstance(i, int) and i >= 0})
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
         self.busy_s, self.decode_steps, self.row_steps, self.tokens_out, self.tokens_prefilled = 0.0, 0, 0, 0, 0
-        self._q, self._thread, self._lock = queue.Queue(), None, threading.Lock()
+        self._q, self._thread, self._lock, self._step_lock = queue.Queue(), None, threading.Lock(), threading.Lock()
         self._kv = weakref.WeakKeyDictionary()     # owner -> (token ids cached, [(keys, values) per layer])
 
     def generate(self, ids:list, max_new_tokens:int=256, temperature:float=0.0, owner=None) -> list:
         "New token ids for prompt `ids` (ends at, and includes, the end-of-turn token when the model stops)."
+        return self.generate_logps(ids, max_new_tokens, temperature, owner)[0]
+
+    def generate_logps(self, ids:list, max_new_tokens:int=256, temperature:float=0.0, owner=None) -> tuple:
+        "`(new token ids, the engine's log-probability of each)` for prompt `ids` (log-probs of the distribution sampled, before temperature)."
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True, name='student-generator'); self._thread.start()
         r = _Request(list(ids), max_new_tokens, temperature, owner); self._q.put(r); r.done.wait()
         if r.error: raise PolicyError(f'generation failed: {r.error}')
-        return r.out
+        return r.out, r.logps
+
+    def refresh(self) -> float:
+        "Serve the model's current weights (after an optimizer step); seconds spent repacking (0 for the transformers engine)."
+        with self._step_lock: return self.engine.refresh() if self.engine else 0.0
 
     def release(self, owner):
         "Forget `owner`'s KV cache (a new episode starts)."
         with self._lock: self._kv.pop(owner, None)
 
     def _loop(self):
-        batch = _Batch(self)
+        Rows = _PackedRows if self.engine else _Batch
+        batch = Rows(self)
         while True:
             joining = [] if batch.rows else [self._q.get()]        # idle: sleep until a turn arrives
             while len(batch.rows) + len(joining) < self.max_batch:
                 try: joining.append(self._q.get_nowait())
                 except queue.Empty: break
-            t0 = time.monotonic()
-            for r in joining:
-                try: batch.join(r)
-                except Exception as e: self._end(r, e)
-            if batch.rows:
-                try: batch.step()
-                except Exception as e:
-                    for r in batch.rows: self._end(r, e)
-                    batch = _Batch(self)
-            self.busy_s += time.monotonic() - t0
+            with self._step_lock:
+                t0 = time.monotonic()
+                for r in joining:
+                    try: batch.join(r)
+                    except Exception as e: self._end(r, e)
+                t1 = time.monotonic(); self.prefill_s += t1 - t0
+                if batch.rows:
+                    try: batch.step()
+                    except Exception as e:
+                        for r in batch.rows: self._end(r, e)
+                        batch = Rows(self)
+                self.decode_s += time.monotonic() - t1; self.busy_s += time.monotonic() - t0
             joining = r = None     # hold no episode's policy while waiting (caches go with their policies)
 
     def _end(self, r, error=None):
@@ -120,7 +146,7 @@ def _cached(gen, r) -> tuple:
     ids, layers = hit
     n = min(len(ids), len(r.ids) - 1)                 # at least one new token must go through the model
     if n <= 0 or r.ids[:n] != ids[:n]: return 0, None
-    return n, [(k[:, :, :n], v[:, :, :n]) for k, v in layers]
+    return n, [(k[..., :n, :], v[..., :n, :]) for k, v in layers]
 
 @lru_cache(maxsize=None)
 def _slab_layer():
@@ -152,9 +178,31 @@ def _cache(model, layers:list):
     c.layers = [Slab(k, v) for k, v in layers]
     return c
 
+# %% ../../nbs/agents/04_student.ipynb #be53c4ab
+class _Rows:
+    "What every engine's batch does with the tokens it decodes: sample one per row, append it, answer a finished turn."
+    def _sample(self, logits, rs) -> list:
+        "`[(token, log-prob)]`, one per row: greedy where the temperature is 0, else a draw from softmax(logits / T)."
+        import torch
+        t = torch.tensor([r.temperature for r in rs], device=logits.device)
+        pick = logits.argmax(-1)
+        if (t > 0).any():
+            drawn = torch.multinomial(torch.softmax(logits / t.clamp(min=1e-5)[:, None], -1), 1)[:, 0]
+            pick = torch.where(t > 0, drawn, pick)
+        logp = torch.log_softmax(logits, -1).gather(1, pick[:, None])[:, 0]
+        return list(zip(pick.tolist(), logp.tolist()))
+
+    def _took(self, r, token, logp) -> bool:
+        "Append `token` to turn `r`; False when the turn is over (and answered)."
+        r.new.append(token); r.logps.append(logp)
+        if token in self.g.eos_ids or len(r.new) >= r.max_new_tokens:
+            if self.g.reuse_cache and r.owner is not None: self._keep(r)
+            self.g._end(r); return False
+        return True
+
 # %% ../../nbs/agents/04_student.ipynb #05b1c33d
-class _Batch:
-    "The turns being decoded: one row each, keys/values left-padded to a common length, `mask` 0 over the padding."
+class _Batch(_Rows):
+    "The transformers engine's turns: one row each, keys/values left-padded to a common length, `mask` 0 over the padding."
     def __init__(self, gen):
         self.g, self.rows, self.cache, self.mask = gen, [], None, None
         self.dev = next(gen.model.parameters()).device
@@ -164,24 +212,6 @@ class _Batch:
         with torch.no_grad(), torch.autocast(self.dev.type, dtype=torch.bfloat16, enabled=self.g.autocast):
             return self.g.model(**{k: v.to(self.dev) if hasattr(v, 'to') and k != 'cache' else v for k, v in kw.items()},
                                 use_cache=True, logits_to_keep=1).logits[:, -1].float()
-
-    def _sample(self, logits, rs) -> list:
-        "One token per row: greedy where the temperature is 0, else a draw from softmax(logits / T)."
-        import torch
-        t = torch.tensor([r.temperature for r in rs], device=logits.device)
-        pick = logits.argmax(-1)
-        if (t > 0).any():
-            drawn = torch.multinomial(torch.softmax(logits / t.clamp(min=1e-5)[:, None], -1), 1)[:, 0]
-            pick = torch.where(t > 0, drawn, pick)
-        return pick.tolist()
-
-    def _took(self, r, token) -> bool:
-        "Append `token` to turn `r`; False when the turn is over (and answered)."
-        r.new.append(token)
-        if token in self.g.eos_ids or len(r.new) >= r.max_new_tokens:
-            if self.g.reuse_cache and r.owner is not None: self._keep(r)
-            self.g._end(r); return False
-        return True
 
     def join(self, r):
         "Prefill turn `r` (only what its episode's cache lacks), add its row, take its first token."
@@ -200,7 +230,7 @@ class _Batch:
         if self.rows: mask = torch.cat([torch.cat([torch.zeros(len(self.rows), width - L, dtype=torch.long), self.mask], 1), mask])
         self.cache, self.mask = _cache(g.model, layers), mask
         self.rows.append(r)
-        if not self._took(r, self._sample(logits, [r])[0]): self._leave(list(range(len(self.rows) - 1)))   # ended at its first token
+        if not self._took(r, *self._sample(logits, [r])[0]): self._leave(list(range(len(self.rows) - 1)))   # ended at its first token
 
     def step(self):
         "Decode one token for every row; rows whose turn ended leave."
@@ -211,7 +241,7 @@ class _Batch:
         self.mask = torch.cat([self.mask, torch.ones(len(rs), 1, dtype=torch.long)], 1)
         logits = self._forward(input_ids=last, position_ids=pos, attention_mask=self.mask, cache=self.cache)
         g.decode_steps += 1; g.row_steps += len(rs)
-        keep = [i for i, (r, t) in enumerate(zip(rs, self._sample(logits, rs))) if self._took(r, t)]
+        keep = [i for i, (r, t) in enumerate(zip(rs, self._sample(logits, rs))) if self._took(r, *t)]
         if len(keep) < len(rs): self._leave(keep)
 
     def _leave(self, keep:list):
@@ -228,6 +258,36 @@ class _Batch:
         "Store the keys/values of turn `r`'s real tokens for its episode's next turn (the last token's come next turn)."
         i = self.rows.index(r); cols = self.mask[i].nonzero()[:, 0].to(self.dev)
         lay = [(l.keys[i:i + 1][:, :, cols], l.values[i:i + 1][:, :, cols]) for l in self.cache.layers]
+        with self.g._lock: self.g._kv[r.owner] = (r.ids + r.new[:-1], lay)
+
+# %% ../../nbs/agents/04_student.ipynb #1e653b3f
+class _PackedRows(_Rows):
+    "The packed engine's turns: row i's keys/values live in place in `DecodeRows` (a leaving row's place takes the last row)."
+    def __init__(self, gen):
+        self.g, self.rows, self.kv = gen, [], DecodeRows(gen.engine, gen.max_batch)
+
+    def join(self, r):
+        "Prefill turn `r` (only what its episode's cache lacks), add its row, take its first token."
+        g = self.g; n, cached = _cached(g, r)
+        logits, kv = g.engine.prefill(r.ids[n:], cached if n else None)
+        g.tokens_prefilled += len(r.ids) - n
+        self.kv.add(kv); self.rows.append(r)
+        if not self._took(r, *self._sample(logits[None], [r])[0]): self._drop(len(self.rows) - 1)
+
+    def step(self):
+        "Decode one token for every row; rows whose turn ended leave."
+        rs = self.rows
+        logits = self.kv.step([r.new[-1] for r in rs])
+        self.g.decode_steps += 1; self.g.row_steps += len(rs)
+        done = [i for i, (r, t) in enumerate(zip(rs, self._sample(logits, rs))) if not self._took(r, *t)]
+        for i in reversed(done): self._drop(i)
+
+    def _drop(self, i):
+        self.kv.drop(i); self.rows[i] = self.rows[-1]; self.rows.pop()
+
+    def _keep(self, r):
+        "Store turn `r`'s keys/values (all but the last token's, which come next turn) for its episode's next turn."
+        lay = self.kv.row(self.rows.index(r))
         with self.g._lock: self.g._kv[r.owner] = (r.ids + r.new[:-1], lay)
 
 # %% ../../nbs/agents/04_student.ipynb #ed621756
@@ -255,7 +315,7 @@ class StudentPolicy:
         self.reset()
 
     def reset(self, task=None):
-        self.ids, self.mask, self.n_seen, self.cut = [], [], 0, None
+        self.ids, self.mask, self.logps, self.n_seen, self.cut = [], [], [], 0, None
         self.g.release(self)
 
     def __call__(self, messages:list, tools:list) -> dict:
@@ -270,7 +330,8 @@ class StudentPolicy:
         budget = min(self.max_new_tokens, self.max_context - len(self.ids))
         if budget < 16:
             self.cut = 'context'; return assistant_message('(stopped: context window full)')
-        new = self.g.generate(self.ids, budget, self.temperature, owner=self)
+        new, logps = self.g.generate_logps(self.ids, budget, self.temperature, owner=self)
+        self.logps += [0.0] * (len(self.ids) - len(self.logps)) + logps
         self.ids += new; self.mask += [1] * len(new)
         content, calls = parse_tool_calls(tok.decode(new, skip_special_tokens=True))
         if not new or new[-1] not in self.g.eos_ids:     # cut mid-turn: the turn and the episode end here
@@ -279,25 +340,24 @@ class StudentPolicy:
 
 # %% ../../nbs/agents/04_student.ipynb #4f3db40f
 @lru_cache(maxsize=2)
-def _generator(spec:str, device:str) -> Generator:
+def _generator(spec:str, device:str, engine:str, weights:str|None) -> Generator:
     tok, model = load_model(spec, device=device)
-    return Generator(tok, model)
+    return Generator(tok, model, engine=engine, weights=weights)
 
-def shared_generator(spec:str, device:str='cpu') -> Generator:
-    "One `Generator` per (model spec, device) in this process."
-    return _generator(str(spec), device)
+def shared_generator(spec:str, device:str='cpu', engine:str='auto', weights:str|None=None) -> Generator:
+    "One `Generator` per (model spec, device, engine, weights) in this process."
+    return _generator(str(spec), device, engine, weights)
 
 def student_policy(spec:str) -> StudentPolicy:
-    "A `StudentPolicy` from `RUNG_OR_FOLDER[#key=value,...]` (keys: temperature, max_new_tokens, max_context, device)."
+    "A `StudentPolicy` from `RUNG_OR_FOLDER[#key=value,...]` (keys: temperature, max_new_tokens, max_context, device, engine, weights)."
     where, _, opts = spec.partition('#')
-    kw = {}
+    kw, keys, text = {}, ('temperature', 'max_new_tokens', 'max_context', 'device', 'engine', 'weights'), ('device', 'engine', 'weights')
     for item in filter(None, opts.split(',')):
         k, _, v = item.partition('=')
-        if k not in ('temperature', 'max_new_tokens', 'max_context', 'device'):
-            raise ClawError(f'unknown student option {k!r}; use temperature, max_new_tokens, max_context, device', field='--policy')
-        try: kw[k] = v if k == 'device' else (float(v) if k == 'temperature' else int(v))
+        if k not in keys: raise ClawError(f'unknown student option {k!r}; use {", ".join(keys)}', field='--policy')
+        try: kw[k] = v if k in text else (float(v) if k == 'temperature' else int(v))
         except ValueError: raise ClawError(f'bad value for student option {k}: {v!r}', field='--policy') from None
-    g = shared_generator(where, kw.pop('device', 'cpu'))
+    g = shared_generator(where, kw.pop('device', 'cpu'), kw.pop('engine', 'auto'), kw.pop('weights', None))
     return StudentPolicy(g, name=f'student:{spec}', **kw)
 
 register_policy_kind('student', lambda rest, task, **kw: student_policy(rest), 'student:MODEL', weights=model_fingerprint)

@@ -1,0 +1,99 @@
+"The packed CPU engine computes what transformers computes: logits, cached prefill, batched decode, LoRA-merged and updated weights."
+import pytest
+torch = pytest.importorskip('torch')
+from clawgym_nb.core.basics import ClawError
+from clawgym_nb.agents.engine import PackedLM, DecodeRows
+from clawgym_nb.agents.student import shared_generator
+
+
+@pytest.fixture(scope='module')
+def gen():
+    return shared_generator('tiny', 'cpu')
+
+
+def _ids(tok, text): return tok(text, add_special_tokens=False)['input_ids']
+
+
+def _ref(model, ids):
+    with torch.no_grad(): return model(torch.tensor([ids])).logits[0].float()
+
+
+def test_prefill_cached_prefill_and_decode_match_transformers(gen):
+    tok, model = gen.tok, gen.model
+    ids = _ids(tok, '<|im_start|>user\nlist the files in input and count the lines<|im_end|>\n<|im_start|>assistant\n')
+    lm = PackedLM(model, 'fp32'); ref = _ref(model, ids + [5])
+    last, kv = lm.prefill(ids)
+    assert torch.allclose(last, ref[len(ids) - 1], atol=1e-4)
+    again, _ = lm.prefill(ids[7:], [(k[:, :7], v[:, :7]) for k, v in kv])          # the first 7 tokens come from the cache
+    assert torch.allclose(again, last, atol=1e-4)
+    rows = DecodeRows(lm, rows=1, length=8)                                        # too small: it grows
+    short, kv_short = lm.prefill(ids[:5]); rows.add(kv_short); rows.add(kv)
+    out = rows.step([ids[5], 5])
+    assert torch.allclose(out[0], _ref(model, ids[:6])[-1], atol=1e-4) and torch.allclose(out[1], ref[-1], atol=1e-4)
+    rows.drop(0)                                                                    # the last row moves into place 0
+    assert len(rows) == 1 and rows.lens == [len(ids) + 1]
+    assert torch.allclose(rows.step([7])[0], _ref(model, ids + [5, 7])[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1)])
+def test_rounded_weights_stay_close(gen, weights, tol):
+    "Mean absolute log-prob difference to float32 over the vocabulary stays under `tol` on this prompt."
+    ids = _ids(gen.tok, '<|im_start|>user\nwrite the report to output/summary.md<|im_end|>\n<|im_start|>assistant\n')
+    ref = torch.log_softmax(_ref(gen.model, ids)[-1], -1)
+    got = torch.log_softmax(PackedLM(gen.model, weights).prefill(ids)[0], -1)
+    assert 0 < (got - ref).abs().mean() < tol
+
+
+def test_lora_adapters_are_merged_and_refresh_serves_new_weights(gen):
+    peft = pytest.importorskip('peft')
+    import copy
+    model = copy.deepcopy(gen.model)
+    net = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
+    for n, p in net.named_parameters():
+        if 'lora_B' in n: torch.nn.init.normal_(p, std=0.05)                     # a trained-looking adapter
+    ids = _ids(gen.tok, '<|im_start|>user\nhello<|im_end|>\n')
+    lm = PackedLM(net, 'fp32')
+    assert torch.allclose(lm.prefill(ids)[0], _ref(net, ids)[-1], atol=1e-4)
+    before = lm.prefill(ids)[0]
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            if 'lora_A' in n: p.mul_(2.0)                                          # an optimizer step
+    assert torch.allclose(lm.prefill(ids)[0], before)                              # still the packed weights...
+    assert lm.refresh() >= 0 and torch.allclose(lm.prefill(ids)[0], _ref(net, ids)[-1], atol=1e-4)   # ...until refreshed
+    assert not torch.allclose(before, lm.prefill(ids)[0], atol=1e-3)
+
+
+def test_generated_log_probs_are_what_the_trainer_computes(gen):
+    "The log-prob the engine reports for each sampled token equals a full forward pass's (float32: to 1e-4)."
+    from clawgym_nb.agents.student import Generator
+    tok, model = gen.tok, gen.model
+    g = Generator(tok, model, engine='packed', weights='fp32')
+    ids = _ids(tok, '<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n')
+    new, logps = g.generate_logps(ids, 12, temperature=1.0)
+    full = torch.log_softmax(_ref(model, ids + new), -1)[len(ids) - 1:-1].gather(1, torch.tensor(new)[:, None])[:, 0]
+    assert len(logps) == len(new) and torch.allclose(torch.tensor(logps), full, atol=1e-4)
+
+
+def test_unsupported_models_and_formats_are_one_line_errors(gen):
+    with pytest.raises(ClawError, match='weight format'): PackedLM(gen.model, 'int4')
+    class Other:
+        class config: model_type = 'gpt2'
+    with pytest.raises(ClawError, match="not 'gpt2'"): PackedLM(Other(), 'fp32')
+    from clawgym_nb.agents.student import Generator
+    with pytest.raises(ClawError, match='unknown engine'): Generator(gen.tok, gen.model, engine='vllm-cpu')
+
+
+def test_perf_generate_cli_prints_and_writes_the_comparison(tmp_path, capsys):
+    import json
+    from clawgym_nb.cli import main
+    out = tmp_path/'perf.json'
+    assert main(['perf', 'generate', '--model', 'tiny', '--rows', '2', '--new-tokens', '4', '--engines', 'generator,packed-fp32,llama.cpp', '--rounds', '1',
+                 '--json', '--out', str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert set(printed['machine']) >= {'gemm_gflops', 'copy_gbps'} and printed['chosen'] in ('generator', 'packed-fp32')
+    for name in ('generator', 'packed-fp32'):
+        assert {'decode_1_tok_s', 'decode_2_tok_s', 'prefill_tok_s', 'logp_drift'} <= set(printed['engines'][name])
+    assert 'small rung only' in printed['engines']['llama.cpp']['skipped']
+    assert main(['perf', 'generate', '--model', 'tiny', '--engines', 'vllm']) == 2
+    assert "unknown engine 'vllm'" in capsys.readouterr().err
