@@ -81,6 +81,23 @@ def test_grpo_loss_gradient(tiny):
     assert all(p.grad is None for p in model.parameters()) and st['tokens'] == 13
 
 
+def test_grpo_loss_reports_the_engine_log_prob_drift(tiny):
+    "With the engine's log-probs of the sampled tokens beside each sequence, the loss reports their mean gap to the trainer's."
+    tok, model = tiny
+    seqs = _seqs(tok, 1.0, -1.0)
+    with torch.no_grad():
+        exact = []
+        for ids, _, _ in seqs:
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+            exact.append([0.0] + lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist())
+    assert grpo_loss(model, seqs, autocast=False, backward=False)['logp_drift'] is None      # no engine log-probs given
+    st = grpo_loss(model, [s + (e,) for s, e in zip(seqs, exact)], autocast=False, backward=False)
+    assert st['logp_drift'] == pytest.approx(0.0, abs=1e-5)
+    off = [[x + (0.25 if k else 0.0) for k, x in enumerate(e)] for e in exact]                # every sampled token 0.25 off
+    st = grpo_loss(model, [s + (e,) for s, e in zip(seqs, off)], autocast=False, backward=False)
+    assert st['logp_drift'] == pytest.approx(0.25, abs=1e-4) and st['tokens'] == 13
+
+
 @pytest.fixture(scope='module')
 def run(store, tmp_path_factory):
     out = tmp_path_factory.mktemp('grpo-run')
@@ -95,6 +112,8 @@ def test_two_steps_log_and_save(run):
     for i, r in enumerate(rows, 1):
         assert STEP_KEYS <= set(r) and r['step'] == i and r['episodes'] == 4 and r['infra_failed'] == 0
         assert 0.0 <= r['reward_mean'] <= 1.0 and 0.0 <= r['sandbox_wait_share'] <= 1.0 and r['generate_s'] > 0
+        assert r['refresh_s'] >= 0 and (r['logp_drift'] is None) == (r['trained_sequences'] == 0)
+        if r['logp_drift'] is not None: assert 0 <= r['logp_drift'] < 0.1       # bf16 packed engine vs the bf16-autocast trainer
     assert summary['steps_done'] == 2 and summary['model'] == 'tiny' and summary['kl_coef'] == 0.0
     assert json.loads((out/'adapter'/'state.json').read_text())['step'] == 2 and (out/'adapter'/'optimizer.pt').is_file()
     rung = json.loads((out/'model'/'rung.json').read_text())

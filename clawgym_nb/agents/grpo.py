@@ -34,21 +34,22 @@ def outcome_reward(record:dict) -> float|None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
 
 # %% ../../nbs/agents/06_grpo.ipynb #2414eb99
-def grpo_loss(model, seqs:list,              # [(ids, mask, advantage)]: mask 1 on generated tokens
+def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine log-probs])]: mask 1 on generated tokens
               old_logps:list|None=None,     # Per-sequence log-probs of the sampling policy (None: this policy, detached)
               clip_low:float=0.2, clip_high:float=0.28, micro_batch:int=2, autocast:bool=True, backward:bool=True) -> dict:
     "Clipped per-token policy-gradient loss over `seqs`, backpropagated in micro-batches; returns statistics."
     import torch
     from trl.trainer.utils import selective_log_softmax, entropy_from_logits
     dev = next(model.parameters()).device
-    n_tok = sum(sum(m[1:]) for _, m, _ in seqs) or 1
-    stats = {'loss': 0.0, 'tokens': 0, 'entropy': 0.0, 'clipped': 0}
+    n_tok = sum(sum(s[1][1:]) for s in seqs) or 1
+    stats = {'loss': 0.0, 'tokens': 0, 'entropy': 0.0, 'clipped': 0, 'drift': 0.0}
+    def padded(rows, width, dtype): return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=dev, dtype=dtype)
     for b in range(0, len(seqs), micro_batch):
-        part = seqs[b:b + micro_batch]; width = max(len(i) for i, _, _ in part)
-        ids = torch.tensor([i + [0] * (width - len(i)) for i, _, _ in part], device=dev)
-        att = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i, _, _ in part], device=dev)
-        gen = torch.tensor([m + [0] * (width - len(m)) for _, m, _ in part], device=dev, dtype=torch.float32)[:, 1:]
-        adv = torch.tensor([a for _, _, a in part], device=dev, dtype=torch.float32)[:, None]
+        part = seqs[b:b + micro_batch]; width = max(len(s[0]) for s in part)
+        ids = padded([s[0] for s in part], width, torch.long)
+        att = padded([[1] * len(s[0]) for s in part], width, torch.long)
+        gen = padded([s[1] for s in part], width, torch.float32)[:, 1:]
+        adv = torch.tensor([s[2] for s in part], device=dev, dtype=torch.float32)[:, None]
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
         logp = selective_log_softmax(logits, ids[:, 1:])
@@ -61,7 +62,10 @@ def grpo_loss(model, seqs:list,              # [(ids, mask, advantage)]: mask 1 
             stats['loss'] += loss.item(); stats['tokens'] += int(gen.sum().item())
             stats['entropy'] += float((entropy_from_logits(logits.detach()) * gen).sum().item())
             stats['clipped'] += int((((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float() * gen).sum().item())
+            if all(len(s) > 3 for s in part):      # the engine's log-probs of the sampled tokens, against the trainer's
+                stats['drift'] += float(((logp.detach() - padded([s[3] for s in part], width, torch.float32)[:, 1:]).abs() * gen).sum().item())
     stats['entropy'] /= max(1, stats['tokens'])
+    stats['logp_drift'] = stats.pop('drift') / max(1, stats['tokens']) if all(len(s) > 3 for s in seqs) else None
     return stats
 
 # %% ../../nbs/agents/06_grpo.ipynb #601e007a
@@ -116,7 +120,7 @@ def _training_batch(jobs:list, eps:dict, group_size:int) -> tuple:
         adv = group_advantages(rs)
         if all(a in (None, 0.0) for a in adv): zero_var += 1
         rewards += [r for r in rs if r is not None]
-        seqs += [(p.ids, p.mask, a) for (p, _), a in zip(group, adv) if a is not None and a != 0.0 and sum(p.mask)]
+        seqs += [(p.ids, p.mask, a, p.logps) for (p, _), a in zip(group, adv) if a is not None and a != 0.0 and sum(p.mask)]
     return seqs, rewards, infra, zero_var
 
 # %% ../../nbs/agents/06_grpo.ipynb #e0fa2228
@@ -129,6 +133,8 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                temperature:float=0.7, max_turns:int=6, max_new_tokens:int=256, max_context:int=2048,
                lora_r:int|None=16, eval_every:int=10, provider:str='auto', seed:int=0, device:str='cpu',
                bf16:bool=True, micro_batch:int=2, workers:int|None=None,
+               engine:str='auto',         # How rollouts are generated: 'auto' (the packed engine on CPU), 'transformers', 'packed'
+               weights:str|None=None,     # The packed engine's weight format (default: `CPU_WEIGHTS`)
                max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
                log=print) -> dict:
     "GRPO with the code verifier's outcome reward, one sandbox per rollout; resumable; logs per step."
@@ -142,7 +148,8 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     start = model_fingerprint(model)                # resumed steps must continue from the same starting weights
     state = _resume_state(out, model, start)
     tok, net, opt = _load_trainee(model, out, state, lora_r, lr, device)
-    gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu')   # CPU decoding is faster in float32
+    gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu',
+                    engine=engine, weights=weights)
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
@@ -162,11 +169,13 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         t1 = time.monotonic(); net.train(); opt.zero_grad()
         st = grpo_loss(net, seqs, clip_low=clip_low, clip_high=clip_high, micro_batch=micro_batch, autocast=bf16) if seqs else {'loss': 0.0, 'tokens': 0, 'entropy': None, 'clipped': 0}
         if seqs: torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0); opt.step()
+        refresh_s = gen.refresh() if seqs else 0.0        # the engine serves the updated weights from the next rollout on
         t_train = time.monotonic() - t1; t_step = time.monotonic() - t0
         rec = {'step': step, 'reward_mean': round(mean(rewards), 4) if rewards else None, 'reward_std': round(pstdev(rewards), 4) if rewards else None,
                'solved_share': round(sum(1 for r in rewards if r >= 1) / len(rewards), 4) if rewards else None,
                'episodes': len(jobs), 'infra_failed': infra, 'zero_variance_groups': zero_var, 'trained_sequences': len(seqs),
                'loss': round(st['loss'], 5), 'trained_tokens': st['tokens'], 'entropy': st['entropy'], 'clipped_tokens': st['clipped'],
+               'logp_drift': round(st['logp_drift'], 5) if st.get('logp_drift') is not None else None, 'refresh_s': round(refresh_s, 3),
                'step_s': round(t_step, 2), 'generate_s': round(gen_s, 2), 'sandbox_wait_s': round(max(0.0, t_roll - gen_s), 2),
                'train_s': round(t_train, 2), 'sandbox_wait_share': round(max(0.0, t_roll - gen_s) / t_step, 4),
                'gen_tokens_per_s': round((gen.tokens_out - tok0) / gen_s, 1) if gen_s else None,
