@@ -351,7 +351,7 @@ def test_evaluate_resumes_only_with_the_same_weights(tmp_path, task):
     spec, ev = f'student:{m}#max_new_tokens=8', tmp_path/'eval'
     evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)
     recorded = json.loads((ev/'policy.json').read_text())
-    assert recorded['policy'] == spec and ':' in recorded['weights']
+    assert recorded['policy'] == spec and ':' in recorded['weights'] and '(default engine: auto, bf16)' in recorded['weights']
     evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)        # same weights: resumes (nothing left to run)
     _, model = load_model(str(m))
     with torch.no_grad(): next(model.parameters()).add_(0.01)

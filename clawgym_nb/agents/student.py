@@ -18,7 +18,7 @@ __all__ = ['STUDENT_SYSTEM', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_
 # %% auto #0
 __all__ = ['STUDENT_SYSTEM', 'ENGINES', 'CPU_WEIGHTS', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_output',
            'student_messages', 'Generator', 'render_prompt', 'suffix_text', 'StudentPolicy', 'shared_generator',
-           'student_policy']
+           'student_policy', 'student_identity']
 
 # %% ../../nbs/agents/04_student.ipynb #dce8852d
 STUDENT_SYSTEM = ("You are OpenClaw, a personal assistant working in the user's workspace (the current directory). "
@@ -360,4 +360,8 @@ def student_policy(spec:str) -> StudentPolicy:
     g = shared_generator(where, kw.pop('device', 'cpu'), kw.pop('engine', 'auto'), kw.pop('weights', None))
     return StudentPolicy(g, name=f'student:{spec}', **kw)
 
-register_policy_kind('student', lambda rest, task, **kw: student_policy(rest), 'student:MODEL', weights=model_fingerprint)
+def student_identity(model:str) -> str:
+    "What a `student:MODEL` spec plays with, for resuming scores: the weight files' fingerprint and the default engine that decodes them."
+    return f'{model_fingerprint(model)} (default engine: auto, {CPU_WEIGHTS})'    # options such as #engine= are in the spec itself
+
+register_policy_kind('student', lambda rest, task, **kw: student_policy(rest), 'student:MODEL', weights=student_identity)
