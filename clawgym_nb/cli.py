@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     pg = psub.add_parser('grading', help='evaluate(noop) vs plain python3 check.py runs')
     pg.add_argument('--n', type=int, default=200); pg.add_argument('--workers', type=int, default=2)
     pg.add_argument('--sandbox', default='bwrap'); pg.add_argument('--json', action='store_true')
+    pg.add_argument('--tasks', type=Path, help="a task store (default: ClawGym's training tasks if present, else demo tasks)")
     sy = sub.add_parser('synth', help='synthesise tasks (persona, skill or mixed route), validated by running them')
     sy.add_argument('--route', required=True, choices=['persona', 'skill', 'mixed']); sy.add_argument('--n', type=int, required=True)
     sy.add_argument('--seed', type=int, default=0); sy.add_argument('--out', type=Path, required=True)
@@ -194,7 +195,7 @@ def _cmd(a) -> int:
         else:
             for k, v in res.items(): print(f'{k:<10} {v}')
     elif a.cmd == 'perf' and a.what == 'grading':
-        res = benchmark_grading(n=a.n, workers=a.workers, provider=a.sandbox)
+        res = benchmark_grading(n=a.n, workers=a.workers, provider=a.sandbox, tasks=a.tasks)
         _print_json(res) if a.json else print(res)
     elif a.cmd == 'synth':
         synthesize(a.route, a.n, a.seed, a.out, backend=a.backend, personas=a.personas, skills=a.skills, mix=parse_mix(a.mix),
