@@ -289,3 +289,18 @@ def test_cli_perf_grading_takes_a_task_folder(tmp_path, capsys):
     assert main(['perf', 'grading', '--n', '2', '--workers', '2', '--sandbox', GRADER_PROVIDER, '--tasks', str(store), '--json']) == 0
     b = json.loads(capsys.readouterr().out)
     assert set(b) == BENCH_KEYS and b['n'] == 2 and b['errors'] == {}
+
+
+@needs_bwrap
+def test_spares_of_a_pool_left_open_go_at_exit(tmp_path):
+    "A program that exits with a SpareGraders still open leaves no held sandbox and no folder on /dev/shm."
+    prog = ('import sys, time, tempfile\nfrom pathlib import Path\nfrom clawgym_nb.env.grading import SpareGraders, run_code_check\n'
+            'from clawgym_nb.env.tasks import Task\npool = SpareGraders(2).__enter__()\n'
+            "t = Task('t', 'p', reward_files={'reward.sh': b'echo 1\\n'})\n"
+            "assert run_code_check(t, Path(tempfile.mkdtemp()), [], provider='bwrap')['code_score'] == 1.0\n"
+            'for _ in range(200):\n    if sum(map(len, pool.ready.values())) == 2: break\n    time.sleep(0.05)\n'
+            'print(sum(map(len, pool.ready.values())))\n')
+    shm = shm_entries()
+    r = subprocess.run([os.sys.executable, '-c', prog], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == '2', r.stderr[-2000:]
+    assert shm_entries() == shm

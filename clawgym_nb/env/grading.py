@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/05_grading.ipynb #c20c03b4
 from __future__ import annotations
-import json, math, os, queue, re, shlex, shutil, stat, tempfile, threading, time, traceback
+import atexit, json, math, os, queue, re, shlex, shutil, stat, tempfile, threading, time, traceback
 from pathlib import Path
 from ..core.basics import ClawError, WORKSPACE_MOUNT
 from .tasks import Task, _task_entry
@@ -164,6 +164,11 @@ def _grader_command(task:Task, root:str, one_interpreter:bool=True) -> tuple[lis
 
 # %% ../../nbs/env/05_grading.ipynb #2babb610
 _SPARE_POOLS = []   # the open SpareGraders, innermost last
+
+@atexit.register
+def _close_spare_pools():
+    "Close pools still open at interpreter exit (their held sandboxes and folders on /dev/shm)."
+    for pool in reversed(list(_SPARE_POOLS)): pool.__exit__(None, None, None)
 
 class SpareGraders:
     "While open, keep `n` bwrap grader sandboxes per grader command ready (empty folder, bwrap held at its gate, in its cgroups)."
