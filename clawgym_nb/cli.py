@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     pg = psub.add_parser('grading', help='evaluate(noop) vs plain python3 check.py runs')
     pg.add_argument('--n', type=int, default=200); pg.add_argument('--workers', type=int, default=2)
     pg.add_argument('--sandbox', default='bwrap'); pg.add_argument('--json', action='store_true')
+    pg.add_argument('--tasks', type=Path, help="a task store (default: ClawGym's training tasks if present, else demo tasks)")
     pe = psub.add_parser('generate', help='generation engines side by side: decode at 1 and N turns, prefill, roofline, choice')
     pe.add_argument('--model', default='small'); pe.add_argument('--rows', type=int, default=16)
     pe.add_argument('--new-tokens', type=int, default=128); pe.add_argument('--engines', default=','.join(GENERATE_ENGINES))
@@ -200,7 +201,7 @@ def _cmd(a) -> int:
         else:
             for k, v in res.items(): print(f'{k:<10} {v}')
     elif a.cmd == 'perf' and a.what == 'grading':
-        res = benchmark_grading(n=a.n, workers=a.workers, provider=a.sandbox)
+        res = benchmark_grading(n=a.n, workers=a.workers, provider=a.sandbox, tasks=a.tasks)
         _print_json(res) if a.json else print(res)
     elif a.cmd == 'perf' and a.what == 'generate':
         res = benchmark_generation(a.model, a.rows, a.new_tokens, tuple(e for e in a.engines.split(',') if e), a.rounds, log=lambda *x: print(*x, file=sys.stderr))

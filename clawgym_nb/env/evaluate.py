@@ -9,11 +9,12 @@ from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, median
-from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl, require_same
-from .tasks import Task, load_tasks
+from ..core.basics import ClawError, append_jsonl, atomic_write_json, external_data, read_jsonl, require_same
+from .tasks import Task, load_task, load_tasks
 from .agent import run_episode
 from .policies import make_policy, plugin_modules, policy_weights
 from .demo_tasks import make_demo_tasks
+from .grading import SpareGraders, _SPARE_POOLS, _clawgym_mean
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks', 'evaluate',
@@ -175,8 +176,10 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
         return ep.record
 
     t0 = time.time()
-    run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights, max_wall_s) for t in todo], workers,
-                 desc=f'eval {policy}', progress=progress, executor=executor, on_result=write)
+    spares = workers + 1 if executor == 'thread' and not _SPARE_POOLS else 0   # an open pool (a caller's) serves as it is
+    with SpareGraders(spares):   # grader sandboxes made ahead: one per worker, and one more
+        run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights, max_wall_s) for t in todo], workers,
+                     desc=f'eval {policy}', progress=progress, executor=executor, on_result=write)
     records = read_jsonl(scores_path)
     if retry_errors:  # the latest line per task wins
         records = list({r['task_id']: r for r in records}.values())
@@ -187,32 +190,51 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
     return summary
 
 # %% ../../nbs/env/09_evaluate.ipynb #64e417bd
-def benchmark_grading(n:int=200,             # Number of demo tasks
-                      workers:int=2,         # Parallel episodes for the harness
+def _bench_tasks(tasks, n:int, seed:int) -> tuple[list, str]:
+    "The first `n` tasks of a store folder (None: ClawGym's training tasks if present, else `n` demo tasks) and a label."
+    if tasks is None:
+        if not external_data('clawgym-train').is_dir(): return make_demo_tasks(n, seed), 'demo'
+        tasks = external_data('clawgym-train')
+    store = Path(tasks)
+    if not store.is_dir(): raise ClawError('not a folder of task folders', store, 'tasks')
+    folders = sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith('.'))[:n]
+    return [load_task(f) for f in folders], store.parent.name if store.name == 'tasks' else store.name
+
+def _plain_check(task:Task, ws:Path, python:str) -> float|None:
+    "`check.py` run by plain `python` on the task's files in `ws`: the mean of its sub-scores (None if it failed)."
+    for rel, data in {**task.files, **{f'reward/{k}': v for k, v in task.reward_files.items()}}.items():
+        (ws/rel).parent.mkdir(parents=True, exist_ok=True); (ws/rel).write_bytes(data)
+    r = subprocess.run([python, str(ws/'reward'/'check.py'), str(ws)], capture_output=True, text=True, timeout=120,
+                       start_new_session=True)   # a session of its own, as sandboxed commands get (autogroup scheduling)
+    try: return float(_clawgym_mean(r.stdout)) if r.returncode == 0 else None
+    except ValueError: return None
+
+# %% ../../nbs/env/09_evaluate.ipynb #bb5ba500
+def benchmark_grading(n:int=200,             # Number of tasks
+                      workers:int=2,         # Parallel episodes for the harness and parallel runs for the baseline
                       provider:str='bwrap',  # Sandbox provider
-                      seed:int=0) -> dict:
-    "Time `evaluate(noop)` on `n` demo tasks against the same check.py files run with plain python3, serially and in parallel."
-    tasks = make_demo_tasks(n, seed)
+                      seed:int=0,            # Seed of the demo tasks (when no ClawGym tasks are used)
+                      tasks:str|Path|None=None,  # A store folder (default: ClawGym's training tasks if present, else demo tasks)
+                      chunk:int=20) -> dict: # Tasks per alternation of baseline and harness
+    "Time `evaluate(noop)` against the same check.py files run by plain python3 on as many workers, in alternating chunks."
+    tasks, label = _bench_tasks(tasks, n, seed)
     python = '/usr/bin/python3' if os.path.exists('/usr/bin/python3') else sys.executable  # the interpreter the sandboxes run
-    tmp = Path(tempfile.mkdtemp(prefix='clawgym-bench-'))
+    tmp, base_s, harness_s, base_scores, s = Path(tempfile.mkdtemp(prefix='clawgym-bench-')), 0.0, 0.0, [], None
     try:
-        def plain(task, where):
-            ws = tmp/where/task.task_id
-            for rel, data in {**task.files, **{f'reward/{k}': v for k, v in task.reward_files.items()}}.items():
-                (ws/rel).parent.mkdir(parents=True, exist_ok=True); (ws/rel).write_bytes(data)
-            r = subprocess.run([python, str(ws/'reward'/'check.py'), str(ws)], capture_output=True, text=True, timeout=60)
-            return json.loads(r.stdout.strip().splitlines()[-1])
-        t0 = time.perf_counter()
-        for t in tasks: plain(t, 'serial')
-        serial_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(workers) as ex: list(ex.map(lambda t: plain(t, 'parallel'), tasks))
-        parallel_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        s = evaluate(tasks, 'noop', tmp/'eval', provider=provider, workers=workers, progress=False, log=lambda *a: None)
-        harness_s = time.perf_counter() - t0
+        with ThreadPoolExecutor(workers) as ex, SpareGraders(workers + 1):   # one pool for all chunks, as one evaluate has
+            for i, c in enumerate(range(0, len(tasks), chunk)):
+                part = tasks[c:c + chunk]
+                for side in (('baseline', 'harness') if i % 2 == 0 else ('harness', 'baseline')):
+                    t0 = time.perf_counter()
+                    if side == 'baseline': base_scores += ex.map(lambda t: _plain_check(t, tmp/'plain'/t.task_id, python), part)
+                    else: s = evaluate(part, 'noop', tmp/'eval', provider=provider, workers=workers, progress=False, log=lambda *a: None)
+                    dt = time.perf_counter() - t0
+                    if side == 'baseline': base_s += dt
+                    else: harness_s += dt
     finally: shutil.rmtree(tmp, ignore_errors=True)
-    return {'n': n, 'workers': workers, 'provider': provider, 'baseline_python': python,
-            'baseline_serial_s': round(serial_s, 3), 'baseline_parallel_s': round(parallel_s, 3), 'harness_s': round(harness_s, 3),
-            'ratio_vs_serial': round(harness_s / serial_s, 3), 'ratio_vs_parallel': round(harness_s / parallel_s, 3),
-            'mean_final': s['mean_final'], 'errors': s['errors']}
+    ok = [x for x in base_scores if x is not None]
+    return {'tasks': label, 'n': len(tasks), 'workers': workers, 'provider': provider, 'baseline_python': python, 'chunk': chunk,
+            'baseline_parallel_s': round(base_s, 3), 'harness_s': round(harness_s, 3),
+            'ratio_vs_parallel': round(harness_s / base_s, 3) if base_s else None,
+            'baseline_mean': round(mean(ok), 4) if ok else None, 'baseline_errors': len(base_scores) - len(ok),
+            'mean_final': s['mean_final'] if s else None, 'errors': s['errors'] if s else {}}

@@ -4,17 +4,18 @@
 
 # %% ../../nbs/env/05_grading.ipynb #c20c03b4
 from __future__ import annotations
-import json, math, os, re, shlex, shutil, stat, tempfile, time
+import atexit, json, math, os, queue, re, shlex, shutil, stat, tempfile, threading, time, traceback
 from pathlib import Path
 from ..core.basics import ClawError, WORKSPACE_MOUNT
 from .tasks import Task, _task_entry
 from .transcript import openai_to_openclaw
+from .sandbox import ExecResult
 from .sandboxes import make_sandbox, default_provider
 
 # %% auto #0
-__all__ = ['GRADER_MOUNT', 'DEFAULT_HYBRID_WEIGHTS', 'as_openclaw', 'final_message', 'reward_payload', 'parse_reward_output',
-           'run_code_check', 'JudgeError', 'extract_json', 'workspace_digest', 'transcript_digest', 'RubricJudge',
-           'grade_task']
+__all__ = ['GRADER_MOUNT', 'CLAWGYM_REWARD_SH', 'DEFAULT_HYBRID_WEIGHTS', 'as_openclaw', 'final_message', 'reward_payload',
+           'parse_reward_output', 'SpareGraders', 'run_code_check', 'JudgeError', 'extract_json', 'workspace_digest',
+           'transcript_digest', 'RubricJudge', 'grade_task']
 
 # %% ../../nbs/env/05_grading.ipynb #a2eeb90e
 def _is_openai(transcript:list) -> bool:
@@ -78,8 +79,36 @@ def parse_reward_output(
     return {**out, 'score': s}
 
 # %% ../../nbs/env/05_grading.ipynb #10820efa
+_SHM, _SHM_MAX = '/dev/shm', 64 * 2**20   # grader copies of workspaces up to 64 MiB are made in memory
+
+def _grader_tmpdir(workspace:Path) -> str|None:
+    "Where the grader's copy goes: /dev/shm (tmpfs) when the workspace is small and there is room, else None (the temp folder)."
+    size = 0
+    for dirpath, _, filenames in os.walk(workspace):
+        for n in filenames:
+            try: size += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError: pass
+        if size > _SHM_MAX: return None
+    if not (os.path.isdir(_SHM) and os.access(_SHM, os.W_OK | os.X_OK)): return None
+    st = os.statvfs(_SHM)
+    return _SHM if st.f_bavail * st.f_frsize > 16 * _SHM_MAX else None
+
+def _open_grader(prov:str, cmd_for, tmpdir:str|None) -> tuple:
+    "A fresh grader folder (`workspace/`, `payload/`), an ephemeral sandbox on it, and `run` for `cmd_for(root)` (bwrap: started, held)."
+    tmp, sb = Path(tempfile.mkdtemp(prefix='clawgym-grade-', dir=tmpdir)), None
+    try:
+        ws, pdir = tmp/'workspace', tmp/'payload'
+        ws.mkdir(); pdir.mkdir()
+        sb = make_sandbox(prov, workspace=ws, ephemeral=True, **({} if prov == 'local' else {'ro_binds': {str(pdir): GRADER_MOUNT}}))
+        inside = prov != 'local' and sb.root == WORKSPACE_MOUNT
+        ppath = f'{GRADER_MOUNT}/payload.json' if inside else str(pdir/'payload.json')
+        return tmp, sb, sb.exec_later(cmd_for(sb.root), cwd=sb.root, env={'OPENCLAW_REWARD_PAYLOAD': ppath}), inside
+    except BaseException:
+        if sb is not None: sb.close()
+        shutil.rmtree(tmp, ignore_errors=True); raise
+
 def _copy_workspace(src:Path, dst:Path) -> None:
-    "Copy a workspace: symlinks stay links, sockets/fifos/devices are skipped."
+    "Copy a workspace into the (existing) folder `dst`: symlinks stay links, sockets/fifos/devices are skipped."
     def ignore(d, names):
         bad = []
         for n in names:
@@ -87,8 +116,8 @@ def _copy_workspace(src:Path, dst:Path) -> None:
             except OSError: bad.append(n); continue
             if not (stat.S_ISREG(m) or stat.S_ISDIR(m) or stat.S_ISLNK(m)): bad.append(n)
         return bad
-    if src.is_dir(): shutil.copytree(src, dst, symlinks=True, ignore=ignore)
-    else: dst.mkdir(parents=True)
+    dst.mkdir(parents=True, exist_ok=True)
+    if src.is_dir(): shutil.copytree(src, dst, symlinks=True, ignore=ignore, dirs_exist_ok=True)
 
 def _drop_unsafe_symlinks(ws:Path) -> list[str]:
     "Remove links that resolve outside `ws` or into `ws/reward`: an agent must not point an output at the grader files."
@@ -107,6 +136,83 @@ def _drop_unsafe_symlinks(ws:Path) -> list[str]:
 
 def _tail(s:str, n:int=2000) -> str: return s if len(s) <= n else '...' + s[-n:]
 
+# %% ../../nbs/env/05_grading.ipynb #cb6972ca
+_CLAWGYM_MEAN = ("import json, sys; raw = sys.stdin.read().strip(); data = json.loads(raw); print(sum(float(v) for v in data.values()) "
+                 "/ len(data) if isinstance(data, dict) and data else float(data) if isinstance(data, (int, float)) else 0.0)")
+CLAWGYM_REWARD_SH = ('#!/usr/bin/env bash\nset -euo pipefail\n\npython3 /root/.openclaw/workspace/reward/check.py '
+                     f"/root/.openclaw/workspace | python3 -c '{_CLAWGYM_MEAN}'\n").encode()   # the released tasks' reward.sh
+
+def _clawgym_mean(stdout:str) -> str:
+    "What the mean step of ClawGym's `reward.sh` prints for `check.py`'s stdout (it raises what that step would raise)."
+    data = json.loads(stdout.strip())
+    return str(sum(float(v) for v in data.values()) / len(data) if isinstance(data, dict) and data
+               else float(data) if isinstance(data, (int, float)) else 0.0)
+
+def _as_reward_sh(r:ExecResult) -> ExecResult:
+    "`check.py`'s result as ClawGym's `reward.sh` returns it: output piped into the mean, exit status under pipefail."
+    if r.timed_out: return r
+    try: return ExecResult(r.returncode, _clawgym_mean(r.stdout) + '\n', r.stderr, False, r.wall_s)
+    except Exception as e:
+        tb = 'Traceback (most recent call last):\n' + ''.join(traceback.format_exception_only(type(e), e))
+        return ExecResult(1, '', r.stderr + tb, False, r.wall_s)
+
+def _grader_command(task:Task, root:str, one_interpreter:bool=True) -> tuple[list[str], object, str]:
+    "The grader's argv, how its result reads as `reward.sh`'s, and a label: ClawGym's own `reward.sh` as its `check.py`."
+    if one_interpreter and task.reward_files.get('reward.sh') == CLAWGYM_REWARD_SH and 'check.py' in task.reward_files:
+        return ['python3', f'{root}/reward/check.py', root], _as_reward_sh, 'check.py+mean'
+    return ['bash', 'reward/reward.sh'], (lambda r: r), 'reward.sh'
+
+# %% ../../nbs/env/05_grading.ipynb #2babb610
+_SPARE_POOLS = []   # the open SpareGraders, innermost last
+
+@atexit.register
+def _close_spare_pools():
+    "Close pools still open at interpreter exit (their held sandboxes and folders on /dev/shm)."
+    for pool in reversed(list(_SPARE_POOLS)): pool.__exit__(None, None, None)
+
+class SpareGraders:
+    "While open, keep `n` bwrap grader sandboxes per grader command ready (empty folder, bwrap held at its gate, in its cgroups)."
+    def __init__(self, n:int=2):
+        self.n, self.ready, self.pending, self.lock, self.todo, self.thread = n, {}, {}, threading.Lock(), queue.Queue(), None
+
+    def __enter__(self):
+        if self.n > 0: _SPARE_POOLS.append(self)
+        return self
+
+    def _make(self):
+        "The spawner thread: one spare per request until told to stop."
+        while (cmd := self.todo.get()) is not None:
+            try: spare = _open_grader('bwrap', lambda root: list(cmd), _SHM)
+            except Exception: spare = None   # a miss later makes one the usual way, and reports what fails
+            with self.lock:
+                self.pending[cmd] -= 1
+                if spare: self.ready.setdefault(cmd, []).append(spare)
+
+    def take(self, cmd:list) -> tuple|None:
+        "A ready spare for `cmd`, or None; either way the pool tops itself up to `n`."
+        cmd = tuple(cmd)
+        with self.lock:
+            if self.n <= 0 or self not in _SPARE_POOLS: return None
+            got = self.ready[cmd].pop() if self.ready.get(cmd) else None
+            want = self.n - len(self.ready.get(cmd, ())) - self.pending.get(cmd, 0)
+            self.pending[cmd] = self.pending.get(cmd, 0) + max(want, 0)
+            if self.thread is None: self.thread = threading.Thread(target=self._make, daemon=True, name='clawgym-spare-graders'); self.thread.start()
+        for _ in range(want): self.todo.put(cmd)
+        return got
+
+    def __exit__(self, *exc):
+        with self.lock:
+            if self in _SPARE_POOLS: _SPARE_POOLS.remove(self)
+        while not self.todo.empty(): self.todo.get_nowait()   # spares not started yet are not wanted any more
+        if self.thread is not None: self.todo.put(None); self.thread.join()
+        for tmp, sb, run, inside in [s for v in self.ready.values() for s in v]:
+            sb.close(); shutil.rmtree(tmp, ignore_errors=True)
+        self.ready = {}
+
+def _spare(prov:str, cmd:list) -> tuple|None:
+    "A spare grader for `cmd` from the innermost open pool (bwrap only), or None."
+    return _SPARE_POOLS[-1].take(cmd) if prov == 'bwrap' and _SPARE_POOLS else None
+
 # %% ../../nbs/env/05_grading.ipynb #9e4e8690
 def run_code_check(
     task:Task,                 # Task whose reward/ files to run
@@ -115,35 +221,35 @@ def run_code_check(
     provider:str='auto',       # Sandbox provider for the grader: auto | bwrap | docker | local
     timeout:float=120,         # Grader time limit in seconds
     final:str|None=None,       # Final assistant message for the payload (default: from the transcript)
+    one_interpreter:bool=True, # ClawGym's own reward.sh runs as its check.py, the mean taken here (same result)
 ) -> dict:
-    "Run the task's `reward/reward.sh` on a copy of `workspace` in a fresh sandbox; returns score, sub-scores, error class."
+    "Run the task's `reward/reward.sh` on a copy of `workspace` in an ephemeral sandbox; returns score, sub-scores, error class."
     res = {'code_score': None, 'subscores': None, 'flags': [], 'error_class': None, 'error': None,
-           'provider': None, 'grader_wall_s': None, 'grader_stdout': '', 'grader_stderr': ''}
+           'provider': None, 'grader': None, 'grader_wall_s': None, 'grader_stdout': '', 'grader_stderr': ''}
     if 'reward.sh' not in task.reward_files:
         return {**res, 'error_class': 'grader_crash', 'error': f'task {task.task_id} has no reward/reward.sh'}
-    tmp = Path(tempfile.mkdtemp(prefix='clawgym-grade-'))
-    sb = None
+    prov = default_provider() if provider == 'auto' else provider
+    res['provider'], tmp, sb = prov, None, None
     try:
+        tmpdir = _grader_tmpdir(Path(workspace))
+        cmd, as_reward_sh, res['grader'] = _grader_command(task, WORKSPACE_MOUNT, one_interpreter)
+        try:   # a spare made ahead (evaluate keeps some), else a new one: under bwrap it is built while the files go in
+            tmp, sb, run, inside = (_spare(prov, cmd) if tmpdir else None) or _open_grader(
+                prov, lambda root: _grader_command(task, root, one_interpreter)[0], tmpdir)
+        except Exception as e:
+            return {**res, 'error_class': 'sandbox_error', 'error': f'{prov} sandbox did not start: {type(e).__name__}: {e}'}
         ws, pdir = tmp/'workspace', tmp/'payload'
-        _copy_workspace(Path(workspace), ws); pdir.mkdir()
+        _copy_workspace(Path(workspace), ws)
         if (ws/'reward').exists() or (ws/'reward').is_symlink():
             (shutil.rmtree if (ws/'reward').is_dir() and not (ws/'reward').is_symlink() else os.unlink)(ws/'reward')
             res['flags'].append('agent_reward_dir_replaced')
         if _drop_unsafe_symlinks(ws): res['flags'].append('unsafe_symlinks_removed')
         (pdir/'payload.json').write_text(json.dumps(reward_payload(task, transcript, final), ensure_ascii=False, default=str), encoding='utf-8')
-        prov = default_provider() if provider == 'auto' else provider
-        res['provider'] = prov
-        try:
-            sb = make_sandbox(prov, workspace=ws, **({} if prov == 'local' else {'ro_binds': {str(pdir): GRADER_MOUNT}}))
-        except Exception as e:
-            return {**res, 'error_class': 'sandbox_error', 'error': f'{prov} sandbox did not start: {type(e).__name__}: {e}'}
-        inside = prov != 'local' and sb.root == WORKSPACE_MOUNT
         for rel, data in task.reward_files.items():   # copied in only now: the agent never saw them
             if not inside: data = data.replace(WORKSPACE_MOUNT.encode(), str(sb.root).encode())
             p = ws/'reward'/rel; p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(data)
             if rel.endswith('.sh'): p.chmod(0o755)
-        ppath = f'{GRADER_MOUNT}/payload.json' if inside else str(pdir/'payload.json')
-        try: r = sb.exec(['bash', 'reward/reward.sh'], cwd=sb.root, env={'OPENCLAW_REWARD_PAYLOAD': ppath}, timeout=timeout)
+        try: r = as_reward_sh(run(timeout))
         except Exception as e:
             return {**res, 'error_class': 'sandbox_error', 'error': f'grader exec failed: {type(e).__name__}: {e}'}
         res.update(grader_wall_s=round(r.wall_s, 3), grader_stdout=_tail(r.stdout), grader_stderr=_tail(r.stderr))
@@ -161,7 +267,7 @@ def run_code_check(
         if sb is not None:
             try: sb.close()
             except Exception: pass
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../../nbs/env/05_grading.ipynb #fc0fb729
 class JudgeError(Exception):

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/01_sandbox.ipynb #fa345a99
 from __future__ import annotations
-import errno, json, os, selectors, shutil, signal, subprocess, tempfile, threading, time, uuid, warnings
+import errno, json, os, select, selectors, shutil, signal, subprocess, tempfile, threading, time, uuid, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from ..core.basics import ClawError, WORKSPACE_MOUNT
@@ -181,20 +181,21 @@ class _Cgroups:
                 try: os.rmdir(d)
                 except OSError: pass
         self.ok = 'pids' in self.dirs
-        self._home = f'{_cg_base("pids")}/cgroup.procs' if self.ok else None
+        self._homes = {ctrl: _cg_base(ctrl) for ctrl in self.dirs}
 
     def popen(self, argv, **kw) -> subprocess.Popen:
-        "`Popen` whose child is born in this sandbox's pids cgroup and then moved into the others."
+        "`Popen` whose child is born in all of this sandbox's groups: the spawning thread alone steps in around the fork."
         if not self.ok: return subprocess.Popen(argv, **kw)
-        with _CG_LOCK:
-            Path(self.dirs['pids'], 'cgroup.procs').write_text('0')
-            try: p = subprocess.Popen(argv, **kw)
-            finally: Path(self._home).write_text('0')
-        for ctrl in ('memory', 'cpu'):
-            if ctrl in self.dirs:
-                try: Path(self.dirs[ctrl], 'cgroup.procs').write_text(str(p.pid))
-                except OSError: pass
-        return p
+        tid, moved = str(threading.get_native_id()), []
+        try:
+            for ctrl, d in self.dirs.items(): Path(d, 'tasks').write_text(tid); moved.append(ctrl)
+            return subprocess.Popen(argv, **kw)
+        finally:
+            for ctrl in moved: Path(self._homes[ctrl], 'tasks').write_text(tid)
+
+    def adopt(self, pid:int):
+        "Move process `pid` (one that has not forked yet) into every group."
+        for d in self.dirs.values(): Path(d, 'cgroup.procs').write_text(str(pid))
 
     def pids(self) -> list[int]:
         out = set()
@@ -304,6 +305,10 @@ class _Commands:
         return ExecResult(None if to else p.returncode, out.decode('utf-8', 'replace'), err.decode('utf-8', 'replace'),
                           to, time.perf_counter() - t0)
 
+    def exec_later(self, cmd:str|list[str], cwd:str|None=None, env:dict|None=None, input:str|bytes|None=None):
+        "Get ready to run a command; returns `run(timeout=None) -> ExecResult`. A provider that can start early does."
+        return lambda timeout=None: self.exec(cmd, cwd=cwd, env=env, timeout=timeout, input=input)
+
     def _group_alive(self, pgid):
         try: os.killpg(pgid, 0); return True
         except (ProcessLookupError, PermissionError): return False
@@ -347,8 +352,9 @@ class Sandbox(_Commands, _Files):
     def __init__(self, workspace:str|Path|None=None, # Host folder to use as-is (kept); None -> fresh temp folder (removed)
                  files:dict|None=None,      # Initial files: relative path -> str|bytes
                  ro_binds:dict|None=None,   # Extra read-only mounts {host_path: inside_path} (e.g. grader files)
-                 limits:SandboxLimits|None=None): # Resource limits
-        self.limits, self.ro_binds = limits or SandboxLimits(), dict(ro_binds or {})
+                 limits:SandboxLimits|None=None, # Resource limits
+                 ephemeral:bool=False):     # Commands share nothing but the workspace (a grader): bwrap runs each as its own child
+        self.limits, self.ro_binds, self.ephemeral = limits or SandboxLimits(), dict(ro_binds or {}), ephemeral
         self._own_ws = workspace is None
         ws = Path(tempfile.mkdtemp(prefix='clawgym-ws-')) if workspace is None else Path(workspace)
         if not self._own_ws:
@@ -442,11 +448,22 @@ def _system_binds() -> list[str]:
     return out + ['--ro-bind', _etc_copy(), '/etc']
 
 # %% ../../nbs/env/01_sandbox.ipynb #0b8698fa
+def _child_pid(fd:int, timeout:float) -> int|None:
+    "The sandbox's first process as bwrap reports it on `--info-fd` (None if bwrap exits first or says nothing in time)."
+    info, end = b'', time.monotonic() + timeout
+    while select.select([fd], [], [], max(0.0, end - time.monotonic()))[0]:
+        chunk = os.read(fd, 4096)
+        if not chunk: return None
+        info += chunk
+        try: return int(json.loads(info)['child-pid'])
+        except (ValueError, KeyError): continue
+    return None
+
 class _BwrapNamespace:
     "The namespace of a bwrap sandbox: its bwrap argv, booted on first use, and the `nsenter` prefix that enters it."
     _sys = None
 
-    def _bwrap_argv(self) -> list[str]:
+    def _bwrap_argv(self, cwd:str|None=None) -> list[str]:
         if _BwrapNamespace._sys is None: _BwrapNamespace._sys = _system_binds()
         lim, size = self.limits, []
         if lim.tmp_mb: size = ['--size', str(int(lim.tmp_mb) * 2**20)]
@@ -454,7 +471,15 @@ class _BwrapNamespace:
              '--proc', '/proc', '--dev', '/dev', *size, '--tmpfs', '/tmp', *size, '--tmpfs', '/dev/shm',
              *size, '--tmpfs', '/root', '--bind', str(self.workspace), self.root]
         for host, inside in self.ro_binds.items(): a += ['--ro-bind', str(Path(host).resolve()), inside]
-        return a + ['--remount-ro', '/', '--chdir', self.root]
+        return a + ['--remount-ro', '/', '--chdir', cwd or self.root]
+
+    def _rlimits(self) -> list[str]:
+        "A `prlimit` prefix for the file size cap and the limits the cgroups could not give (empty if none)."
+        lim, rl = self.limits, []
+        if lim.file_size_mb: rl.append(f'--fsize={int(lim.file_size_mb) * 2**20}')
+        if lim.pids and not self._cg.ok: rl.append(f'--nproc={int(lim.pids)}')   # only counts for non-root users
+        if lim.memory_mb and 'memory' not in self._cg.dirs: rl.append(f'--as={int(lim.memory_mb) * 2**20}')
+        return ['prlimit', *rl, '--'] if rl else []
 
     def _boot(self):
         with self._boot_lock:
@@ -468,32 +493,86 @@ class _BwrapNamespace:
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True, pass_fds=(w,),
                                          start_new_session=True, env={'PATH': _SANDBOX_PATH})
             os.close(w); w = None
-            info = b''
-            with os.fdopen(r, 'rb', buffering=0) as f:
-                r = None
-                while True:
-                    chunk = f.read(4096)
-                    if not chunk: break
-                    info += chunk
-                    try: self._nspid = json.loads(info)['child-pid']; break
-                    except ValueError: pass
+            self._nspid = _child_pid(r, 60)
             self._init.stdin.write(b'\n'); self._init.stdin.flush()     # readiness: `cat` echoes once the sandbox is set up
             if not self._init.stdout.read(1):   # an infrastructure failure, not the agent's mistake: not a ClawError
                 raise RuntimeError(f'bwrap failed: {self._init.stderr.read().decode(errors="replace").strip()[:300]}')
         finally:
             for fd in (r, w):
                 if fd is not None: os.close(fd)
-        lim = self.limits
         self._ns = ['nsenter', '-t', str(self._nspid), '-a', '-r']
-        self._pre = ['setpriv', '--bounding-set=-all', '--inh-caps=-all', '--no-new-privs', '--']
-        rl = []
-        if lim.file_size_mb: rl.append(f'--fsize={int(lim.file_size_mb) * 2**20}')
-        if lim.pids and not self._cg.ok: rl.append(f'--nproc={int(lim.pids)}')   # only counts for non-root users
-        if lim.memory_mb and 'memory' not in self._cg.dirs: rl.append(f'--as={int(lim.memory_mb) * 2**20}')
-        if rl: self._pre += ['prlimit', *rl, '--']
+        self._pre = ['setpriv', '--bounding-set=-all', '--inh-caps=-all', '--no-new-privs', '--', *self._rlimits()]
+
+# %% ../../nbs/env/01_sandbox.ipynb #5bb63d2a
+class _BwrapOnce:
+    "Ephemeral commands: bwrap starts at once and holds its sandbox at a gate (`--block-fd`) until `run()` lets the command go."
+    def _env(self, cwd:str, env:dict|None) -> dict:
+        return {'PATH': _SANDBOX_PATH, 'HOME': '/root', 'LANG': 'C.UTF-8', 'TERM': 'dumb', 'PWD': cwd, **{k: str(v) for k, v in (env or {}).items()}}
+
+    def _once_argv(self, argv:list[str], cwd:str, extra:tuple=()) -> list[str]:
+        with self._boot_lock:
+            if self._cg is None: self._cg = _Cgroups(self.limits)
+        return [*self._bwrap_argv(cwd), *extra, '--cap-drop', 'ALL', '--', *self._rlimits(), *argv]
+
+    def exec_later(self, cmd, cwd=None, env=None, input=None):
+        if not self.ephemeral: return super().exec_later(cmd, cwd=cwd, env=env, input=input)
+        if self._closed: raise ClawError('sandbox is closed', field=self.provider)
+        icwd, (gate_r, gate), (info, info_w) = self._inside_cwd(cwd), os.pipe(), os.pipe()
+        argv = self._once_argv(self._cmd(cmd), icwd, ('--block-fd', str(gate_r), '--info-fd', str(info_w)))
+        try: p = subprocess.Popen(argv, stdin=subprocess.DEVNULL if input is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=self._env(icwd, env), close_fds=True, pass_fds=(gate_r, info_w), start_new_session=True)
+        except BaseException: os.close(gate); os.close(info); raise
+        finally: os.close(gate_r); os.close(info_w)
+        self._procs.append(p); self._gates.append(gate)
+        held = {}   # the held sandbox's first process, or the error that keeps its gate shut
+        mover = threading.Thread(target=self._adopt_held, args=(p, info, held), daemon=True); mover.start()
+        return lambda timeout=None: self._run_gated(p, gate, mover, held, input, timeout)
+
+    def _adopt_held(self, p, info:int, held:dict):
+        "Meanwhile (a thread): move the held sandbox's first process into the cgroups; it has not forked yet."
+        try:
+            held['child'] = child = _child_pid(info, 60)
+            if self._cg.ok and child is None and p.poll() is None: raise RuntimeError('bwrap did not report its sandbox process')
+            if self._cg.ok and child is not None:
+                try: self._cg.adopt(child)
+                except ProcessLookupError: pass   # bwrap gave up already; its stderr says why
+        except BaseException as e: held['error'] = e
+        finally: os.close(info)
+
+    def _run_gated(self, p, gate:int, mover, held:dict, input, timeout) -> ExecResult:
+        "Open the gate once the sandbox is inside its cgroups, and collect the command."
+        t0 = time.perf_counter(); mover.join()
+        try:
+            if 'error' in held: raise held['error']
+            try: os.write(gate, b'x')
+            except BrokenPipeError: pass
+        except BaseException:   # never open the gate on a sandbox outside its limits: kill it while it waits
+            _killpg(p.pid)
+            if held.get('child'):
+                try: os.kill(held['child'], signal.SIGKILL)
+                except ProcessLookupError: pass
+            p.wait(); raise
+        finally: os.close(gate); self._gates.remove(gate)
+        out, err, to = _communicate(p, _to_bytes(input), self.limits.timeout if timeout is None else timeout)
+        self._procs.remove(p)
+        r = ExecResult(None if to else p.returncode, out.decode('utf-8', 'replace'), err.decode('utf-8', 'replace'), to, time.perf_counter() - t0)
+        if r.returncode == 1 and not r.stdout and r.stderr.startswith('bwrap: ') and not r.stderr.startswith('bwrap: execvp '):
+            raise RuntimeError(f'bwrap failed: {r.stderr.strip()[:300]}')   # the sandbox was never built: not the command's status
+        return r
+
+    def exec(self, cmd, cwd=None, env=None, timeout=None, input=None) -> ExecResult:
+        if not self.ephemeral: return super().exec(cmd, cwd=cwd, env=env, timeout=timeout, input=input)
+        try: run = self.exec_later(cmd, cwd=cwd, env=env, input=input)
+        except BlockingIOError as e: return ExecResult(None, '', f'cannot start: process limit reached ({e})', False, 0.0)
+        return run(timeout)
+
+    def close(self):
+        super().close()   # bwrap killed and reaped first: a sandbox still at its gate dies with it (--die-with-parent)
+        for g in getattr(self, '_gates', []): os.close(g)
+        self._gates = []
 
 # %% ../../nbs/env/01_sandbox.ipynb #c23254d2
-class BwrapSandbox(_BwrapNamespace, Sandbox):
+class BwrapSandbox(_BwrapOnce, _BwrapNamespace, Sandbox):
     "Namespaces via bubblewrap: read-only system, private /tmp, no network, only the workspace writable."
     provider, isolated, root = 'bwrap', True, WORKSPACE_MOUNT
     _probe = None
@@ -513,13 +592,13 @@ class BwrapSandbox(_BwrapNamespace, Sandbox):
 
     def _start(self):
         "The namespace starts on first use: a sandbox that never runs a command (a do-nothing agent) costs no process."
-        self._boot_lock = threading.Lock()
+        self._boot_lock, self._gates = threading.Lock(), []
 
     def _argv(self, argv, cwd, env):
+        if self.ephemeral: return self._once_argv(argv, cwd), self._env(cwd, env), None   # a background job, ephemeral
         self._boot()
-        env = {'PATH': _SANDBOX_PATH, 'HOME': '/root', 'LANG': 'C.UTF-8', 'TERM': 'dumb', 'PWD': cwd, **env}
         # nsenter opens the folder before entering: reach it through the sandbox's root (cwd is already validated)
-        return [*self._ns, f'--wd=/proc/{self._nspid}/root{cwd}', *self._pre, *argv], env, None
+        return [*self._ns, f'--wd=/proc/{self._nspid}/root{cwd}', *self._pre, *argv], self._env(cwd, env), None
 
     def _stop(self):
         init = getattr(self, '_init', None)
