@@ -124,6 +124,17 @@ def test_packed_row_equals_each_chat_alone(data, tok, tmp_path):
     assert all((leaky[s:e] - got).abs().max() > 1e-2 for s, e, got in zip(cu[1:-1], cu[2:], packed[1:]))
 
 
+def test_padded_and_padding_free_runs_log_the_same_losses(data, tok, tmp_path):
+    "Same batches, same loss: three float32 steps padded and padding-free log equal losses and gradient norms."
+    examples, _ = sft_examples(data/'short.jsonl', tok, 4096)
+    logs = []
+    for pf in (False, True):
+        tr = make_sft_trainer('tiny', examples, tmp_path/str(pf), batch_size=2, max_steps=3, save_steps=100, lr=1e-3, padding_free=pf, **FAST)
+        assert tr.padding_free == pf
+        tr.train(); logs.append([x for h in tr.state.log_history if 'loss' in h for x in (h['loss'], h['grad_norm'])])
+    assert len(logs[0]) == 6 and logs[0] == pytest.approx(logs[1], rel=1e-4), logs
+
+
 def test_compiled_layers_match_eager(data, tok, tmp_path):
     "The compiled decoder layers (inductor, dynamic lengths) compute what the eager ones do, at two row lengths."
     import torch

@@ -302,13 +302,13 @@ def sft_throughput(model_spec:str, examples:list, steps:int=4, batch_size:int=4,
     marks = []                                   # (time, real tokens trained so far) at the end of each step
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw): marks.append((time.perf_counter(), state.num_input_tokens_seen))
-    secs, toks, gemm = dict.fromkeys(trainers, 0.0), {a: [] for a in trainers}, []
+    secs, toks, gemm = {a: [] for a in trainers}, {a: [] for a in trainers}, []
     for tr in trainers.values(): tr.add_callback(Clock()); tr.args.save_strategy = 'no'   # no checkpoint at the end of each round
     for _ in range(rounds):                      # interleaved: a busy machine slows every arm alike
         for a, tr in trainers.items():
             gemm.append(gemm_gflops())           # the GEMM rate between every two trainings: the machine's state throughout
             set_seed(0); marks.clear(); tr.train()   # the same seed, the same batches; the first step warms up (and compiles)
-            secs[a] += marks[-1][0] - marks[0][0]; toks[a].append(marks[-1][1] - marks[0][1])
+            secs[a].append(marks[-1][0] - marks[0][0]); toks[a].append(marks[-1][1] - marks[0][1])
             tr.optimizer = tr.lr_scheduler = None; gc.collect()            # the next round starts afresh
     gemm.append(gemm_gflops())
     if len({tuple(t) for t in toks.values()}) != 1: raise ClawError(f'the arms trained different batches (tokens {toks})', field='arms')
@@ -317,9 +317,10 @@ def sft_throughput(model_spec:str, examples:list, steps:int=4, batch_size:int=4,
            'gemm_fp32_gflops': round(statistics.median(gemm), 1), 'gemm_fp32_gflops_range': [round(min(gemm), 1), round(max(gemm), 1)]}
     res['roofline_tokens_per_s'] = round(res['gemm_fp32_gflops'] * 1e9 / (6 * n_params), 1)
     for a, tr in trainers.items():
-        res[f'{a}_tokens_per_s'] = round(timed / secs[a], 1)
+        res[f'{a}_tokens_per_s'] = round(timed / sum(secs[a]), 1)
         res[f'{a}_roofline_share'] = round(res[f'{a}_tokens_per_s'] / res['roofline_tokens_per_s'], 3)
         res[f'{a}_compiled_layers'] = tr.compiled_layers
     if {'padded', 'padding_free'} <= trainers.keys():
         res['speedup'] = round(res['padding_free_tokens_per_s'] / res['padded_tokens_per_s'], 3)
+        res['speedup_by_round'] = [round(p / f, 3) for p, f in zip(secs['padded'], secs['padding_free'])]   # the spread is the noise
     return res
