@@ -7,7 +7,8 @@ from clawgym_nb.cli import main
 from clawgym_nb.core.basics import ClawError, read_jsonl, write_jsonl
 from clawgym_nb.agents.filtering import load_trajectories, write_sft_dataset
 from clawgym_nb.agents.models import load_model, rung_label
-from clawgym_nb.agents.sft import loss_token_report, make_sft_trainer, sft_examples, train_sft
+from clawgym_nb.agents.sft import (assistant_token_loss, batch_examples, loss_token_report, make_sft_trainer, sft_examples,
+                                   sft_throughput, train_sft)
 from clawgym_nb.syndata.synth import synthesize
 from clawgym_nb.agents.teachers import rollouts
 
@@ -35,36 +36,40 @@ def tok():
     return load_model('tiny')[0]
 
 
-def _labelled_spans(ids, labels, att):
-    "[(start, end)] of runs of trained positions (label != -100) among the real tokens."
+def _labelled_spans(labels):
+    "[(start, end)] of runs of trained positions (label != -100)."
     out, start = [], None
-    for j, (l, a) in enumerate(list(zip(labels, att)) + [(-100, 0)]):
-        on = a and l != -100
+    for j, l in enumerate(list(labels) + [-100]):
+        on = l != -100
         if on and start is None: start = j
         if not on and start is not None: out.append((start, j)); start = None
     return out
 
 
-def _report_and_recount(path, tok, out):
+def _report_and_recount(path, tok, out, **kw):
     examples, counts = sft_examples(path, tok, 4096)
     assert counts['kept'] == counts['n_in'] >= 2
-    tr = make_sft_trainer('tiny', examples, out, batch_size=2, max_steps=1, save_steps=100, **FAST)
+    tr = make_sft_trainer('tiny', examples, out, batch_size=2, max_steps=1, save_steps=100, **FAST, **kw)
     rep = loss_token_report(tr, n_batches=-(-len(examples) // 2))               # every batch
     assert rep['tokens'] == rep['trained'] + rep['masked'] and rep['trained'] > 0 and rep['trained_in_tool_or_user'] == 0, rep
-    # recount by hand: the trained spans of each row are exactly its assistant turns (text + <|im_end|>), nothing else
+    assert rep['chats'] == len(examples) and rep['rows'] == (-(-len(examples) // 2) if tr.padding_free else len(examples))
+    assert (rep['padding'] == 0) == tr.padding_free, rep                        # padding-free: one row per batch, no pad at all
+    # recount by hand: the trained spans of each chat are exactly its assistant turns (text + <|im_end|>), nothing else
     prompts = [m['content'] for r in read_jsonl(path) for m in r['messages'] if m['role'] == 'user']
-    trained, rows = 0, 0
+    trained, chats = 0, 0
     for batch in tr.get_train_dataloader():
-        for ids, labels, att in zip(batch['input_ids'].tolist(), batch['labels'].tolist(), batch['attention_mask'].tolist()):
-            rows += 1
-            spans = [tok.decode(ids[s:e]) for s, e in _labelled_spans(ids, labels, att)]
-            trained += sum(e - s for s, e in _labelled_spans(ids, labels, att))
-            full = tok.decode([i for i, a in zip(ids, att) if a])
+        assert ('attention_mask' not in batch and batch['input_ids'].shape[0] == 1) == tr.padding_free
+        for ids, labels in batch_examples(batch):
+            chats += 1
+            spans = [tok.decode(ids[s:e]) for s, e in _labelled_spans(labels)]
+            trained += sum(e - s for s, e in _labelled_spans(labels))
+            full = tok.decode(ids)
+            assert full.startswith('<|im_start|>system') and full.count('<|im_start|>system') == 1   # one whole chat
             assert spans == re.findall(r'<\|im_start\|>assistant\n(.*?<\|im_end\|>\n)', full, re.S)
             for text in spans:
                 assert '<tool_response>' not in text and '<|im_start|>' not in text, text
                 assert not any(p[:60] in text for p in prompts), text
-    assert trained == rep['trained'] and rows == len(examples)
+    assert trained == rep['trained'] and chats == len(examples)
     return rep
 
 
@@ -72,8 +77,84 @@ def test_loss_only_on_assistant_tokens(data, tok, tmp_path):
     rep = _report_and_recount(data/'sft.jsonl', tok, tmp_path/'full')
     assert rep['masked'] > 0
     # (on whole teacher trajectories the assistant turns, which carry entire scripts, can outweigh the rest: no order there)
-    rep = _report_and_recount(data/'short.jsonl', tok, tmp_path/'short')
-    assert rep['masked'] > rep['trained'] > 0, rep
+    short = _report_and_recount(data/'short.jsonl', tok, tmp_path/'short')
+    assert short['masked'] > short['trained'] > 0, short
+    # the padded layout (as before) trains exactly the same tokens of the same chats
+    padded = _report_and_recount(data/'sft.jsonl', tok, tmp_path/'padded', padding_free=False)
+    assert {k: padded[k] for k in ('chats', 'tokens', 'trained', 'masked')} == {k: rep[k] for k in ('chats', 'tokens', 'trained', 'masked')}
+
+
+def _chat_logits(model, batch):
+    "Logits of each chat of a padding-free batch, computed in the packed row."
+    import torch
+    with torch.no_grad():
+        kw = {k: batch[k] for k in ('position_ids', 'cu_seq_lens_q', 'cu_seq_lens_k', 'max_length_q', 'max_length_k')}
+        logits = model(input_ids=batch['input_ids'], **kw).logits[0]
+    cu = batch['cu_seq_lens_q'].tolist()
+    return [logits[s:e] for s, e in zip(cu[:-1], cu[1:])]
+
+
+def test_packed_row_equals_each_chat_alone(data, tok, tmp_path):
+    "Attention stays within each chat: a packed batch gives every chat the logits and loss it gets alone, and the padded batch's loss."
+    import torch
+    examples, _ = sft_examples(data/'sft.jsonl', tok, 4096)
+    tr = make_sft_trainer('tiny', examples, tmp_path/'pf', batch_size=3, max_steps=1, save_steps=100, **FAST)
+    assert tr.padding_free and tr.model.config._attn_implementation == 'sdpa_varlen'
+    batch = next(iter(tr.get_train_dataloader()))
+    chats = batch_examples(batch)
+    assert len(chats) == 3 and batch['input_ids'].shape == (1, sum(len(ids) for ids, _ in chats))
+    model = tr.model.eval()
+    packed = _chat_logits(model, batch)
+    with torch.no_grad():
+        for (ids, _), got in zip(chats, packed):
+            alone = model(input_ids=torch.tensor([ids])).logits[0]
+            assert torch.allclose(got, alone, atol=1e-5, rtol=1e-5), (got - alone).abs().max()
+        # the loss over the packed row equals the loss over the same chats padded (rows masked by attention)
+        from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+        padded = DataCollatorForLanguageModeling(pad_token_id=tok.pad_token_id)([{'input_ids': i, 'labels': l} for i, l in chats])
+        assert 'attention_mask' in padded and padded['input_ids'].shape[0] == 3
+        l_packed, l_padded = assistant_token_loss(model, batch), assistant_token_loss(model, padded)
+        assert torch.allclose(l_packed, l_padded, atol=1e-5), (l_packed, l_padded)
+        # the check can fail: one causal attention over the whole row lets the later chats see the earlier ones
+        model.set_attn_implementation('sdpa')
+        leaky = model(input_ids=batch['input_ids']).logits[0]
+        model.set_attn_implementation('sdpa_varlen')
+    cu = batch['cu_seq_lens_q'].tolist()
+    assert torch.allclose(leaky[:cu[1]], packed[0], atol=1e-5)                   # the first chat sees nothing before it anyway
+    assert all((leaky[s:e] - got).abs().max() > 1e-2 for s, e, got in zip(cu[1:-1], cu[2:], packed[1:]))
+
+
+def test_padded_and_padding_free_runs_log_the_same_losses(data, tok, tmp_path):
+    "Same batches, same loss: three float32 steps padded and padding-free log equal losses and gradient norms."
+    examples, _ = sft_examples(data/'short.jsonl', tok, 4096)
+    logs = []
+    for pf in (False, True):
+        tr = make_sft_trainer('tiny', examples, tmp_path/str(pf), batch_size=2, max_steps=3, save_steps=100, lr=1e-3, padding_free=pf, **FAST)
+        assert tr.padding_free == pf
+        tr.train(); logs.append([x for h in tr.state.log_history if 'loss' in h for x in (h['loss'], h['grad_norm'])])
+    assert len(logs[0]) == 6 and logs[0] == pytest.approx(logs[1], rel=1e-4), logs
+
+
+def test_compiled_layers_match_eager(data, tok, tmp_path):
+    "The compiled decoder layers (inductor, dynamic lengths) compute what the eager ones do, at two row lengths."
+    import torch
+    examples, _ = sft_examples(data/'short.jsonl', tok, 4096)
+    eager = make_sft_trainer('tiny', examples, tmp_path/'e', batch_size=2, max_steps=1, save_steps=100, **FAST)
+    comp = make_sft_trainer('tiny', examples, tmp_path/'c', batch_size=2, max_steps=1, save_steps=100, compile_layers=True, **FAST)
+    assert eager.compiled_layers == 0 and comp.compiled_layers == len(comp.model.get_base_model().model.layers) == 2
+    for batch in [b for _, b in zip(range(2), eager.get_train_dataloader())]:
+        for a, b in zip(_chat_logits(eager.model.eval(), batch), _chat_logits(comp.model.eval(), batch)):
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
+    assert {k: v for k, v in comp.model.state_dict().items()}.keys() == eager.model.state_dict().keys()   # checkpoints unchanged
+
+
+def test_throughput_returns_its_keys(data, tok, tmp_path):
+    examples, _ = sft_examples(data/'short.jsonl', tok, 4096)
+    thr = sft_throughput('tiny', examples, steps=2, batch_size=2, max_length=4096, rounds=1, bf16=False, work_dir=tmp_path)
+    assert {'steps_timed', 'tokens_timed', 'params', 'gemm_fp32_gflops', 'roofline_tokens_per_s', 'padded_tokens_per_s',
+            'padding_free_tokens_per_s', 'padded_roofline_share', 'padding_free_roofline_share', 'speedup'} <= thr.keys(), thr
+    assert thr['steps_timed'] == 1 and thr['tokens_timed'] > 0 and thr['gemm_fp32_gflops'] > 0 and thr['speedup'] > 0
+    assert thr['padded_compiled_layers'] == thr['padding_free_compiled_layers'] == 0          # the tiny rung is never compiled by default
 
 
 @pytest.fixture(scope='module')
@@ -88,7 +169,7 @@ def test_short_run_writes_model_loss_and_record(trained):
     assert (out/'model'/'config.json').is_file() and (out/'sft.json').is_file() and (out/'loss.csv').is_file()
     assert json.loads((out/'sft.json').read_text()) == json.loads(json.dumps(rec))
     assert rec['steps'] == 4 and rec['resumed_from'] is None and rec['lora_r'] == 16
-    assert rec['first_loss'] > 0 and rec['input_tokens_seen'] > 0
+    assert rec['first_loss'] > 0 and rec['input_tokens_seen'] > 0 and rec['padding_free'] and rec['compiled_layers'] == 0
     rows = (out/'loss.csv').read_text().splitlines()
     assert rows[0].startswith('step,') and [int(r.split(',')[0]) for r in rows[1:]] == [1, 2, 3, 4]
     assert sorted(p.name for p in (out/'checkpoints').glob('checkpoint-*')) == ['checkpoint-2', 'checkpoint-4']

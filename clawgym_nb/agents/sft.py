@@ -14,10 +14,13 @@ from .models import base_rung, load_model, rung_label
 # peft 0.21 and trl read transformers 5's deprecated `is_gradient_checkpointing` alias whenever they wrap a model for
 # LoRA: a FutureWarning about their code, not the caller's, printed at every wrap. (GRPO imports this module too.)
 warnings.filterwarnings('ignore', message='`is_gradient_checkpointing` is deprecated', category=FutureWarning)
+# torch 2.13's inductor calls its own deprecated `torch.jit.script_method` when it first compiles (the decoder layers, below).
+warnings.filterwarnings('ignore', message='`torch.jit.script_method` is deprecated', category=DeprecationWarning)
 
 # %% auto #0
-__all__ = ['sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'make_sft_trainer', 'train_sft', 'loss_token_report',
-           'train_sft_isolated', 'sft_throughput']
+__all__ = ['COMPILE_MIN_PARAMS', 'sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'varlen_sdpa_attention',
+           'use_varlen_attention', 'batch_examples', 'compile_decoder_layers', 'make_sft_trainer', 'train_sft',
+           'loss_token_report', 'train_sft_isolated', 'gemm_gflops', 'sft_throughput']
 
 # %% ../../nbs/agents/05_sft.ipynb #f1d5d183
 def sft_examples(data:str|Path|list,        # SFT JSONL from `write_sft_dataset`, or its records
@@ -65,12 +68,15 @@ def _newest_checkpoint(folder:Path) -> str|None:
     return str(cks[-1]) if cks else None
 
 # %% ../../nbs/agents/05_sft.ipynb #49be9d68
+_PADDING_FREE_KEYS = ('position_ids', 'cu_seq_lens_q', 'cu_seq_lens_k', 'max_length_q', 'max_length_k')   # trl's padding-free row
+
 def assistant_token_loss(model, batch:dict, num_items_in_batch=None):
     "Mean cross-entropy over labelled (assistant) tokens, projecting only those positions through the LM head."
     import torch.nn.functional as F
     net = model.get_base_model() if hasattr(model, 'get_base_model') else model      # LoRA layers live inside it
     backbone = getattr(net, net.base_model_prefix)
-    hidden = backbone(input_ids=batch['input_ids'], attention_mask=batch.get('attention_mask'), use_cache=False).last_hidden_state
+    packed = {k: batch[k] for k in _PADDING_FREE_KEYS if k in batch}                 # where each chat of the row starts
+    hidden = backbone(input_ids=batch['input_ids'], attention_mask=batch.get('attention_mask'), use_cache=False, **packed).last_hidden_state
     labels = batch['labels'][:, 1:]; keep = labels != -100
     logits = net.get_output_embeddings()(hidden[:, :-1][keep]).float()
     total = F.cross_entropy(logits, labels[keep], reduction='sum')
@@ -87,29 +93,94 @@ def _plain_loss_trainer():
             return (loss, None) if return_outputs else loss
     return PlainLossSFTTrainer
 
+# %% ../../nbs/agents/05_sft.ipynb #8914130e
+_VARLEN = {}   # the per-chat attention as called from compiled layers (a graph break: `.tolist()` of the boundaries every step)
+
+def _segment_attention(query, key, value, cu_seq_lens, dropout:float, scaling):
+    "Causal SDPA on each packed chat of a `(1, heads, length, dim)` row; the result as `(1, length, heads, dim)`."
+    import torch, torch.nn.functional as F
+    lens, dev = cu_seq_lens.diff().tolist(), query.device.type
+    if torch.is_autocast_enabled(dev):                # cast once before the split (SDPA would cast each piece, and back)
+        query, key, value = (t.to(torch.get_autocast_dtype(dev)) for t in (query, key, value))
+    outs = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True)
+            for q, k, v in zip(query.split(lens, 2), key.split(lens, 2), value.split(lens, 2))]
+    return torch.cat(outs, 2).transpose(1, 2).contiguous()
+
+def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout:float=0.0, scaling=None, is_causal=None, **kw):
+    "transformers attention function: per-chat causal SDPA on a padding-free row (trl's `cu_seq_lens_q`), else transformers' SDPA."
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    cu = kw.get('cu_seq_lens_q')
+    if cu is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:   # a padded batch, or a cache: the mask decides
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kw)
+    return _VARLEN.get('segments', _segment_attention)(query, key, value, cu, dropout, scaling), None
+
+def use_varlen_attention(model) -> bool:
+    "Register `sdpa_varlen` with transformers and switch `model` to it from `sdpa` (a flash-attention model keeps its own varlen kernel)."
+    import torch
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    _VARLEN.setdefault('segments', torch.compiler.disable(_segment_attention))
+    AttentionInterface.register('sdpa_varlen', varlen_sdpa_attention)
+    AttentionMaskInterface.register('sdpa_varlen', sdpa_mask)    # the fallback gets transformers' SDPA masks
+    if model.config._attn_implementation != 'sdpa': return False
+    model.set_attn_implementation('sdpa_varlen'); return True
+
+# %% ../../nbs/agents/05_sft.ipynb #35bdbdba
+def batch_examples(batch:dict) -> list[tuple[list, list]]:
+    "`(input_ids, labels)` of each chat in a collated batch: padded rows without their padding, a padding-free row cut where its positions restart."
+    if 'attention_mask' in batch:
+        return [([t for t, a in zip(ids, att) if a], [l for l, a in zip(labels, att) if a])
+                for ids, labels, att in zip(batch['input_ids'].tolist(), batch['labels'].tolist(), batch['attention_mask'].tolist())]
+    out = []
+    for ids, labels, pos in zip(batch['input_ids'].tolist(), batch['labels'].tolist(), batch['position_ids'].tolist()):
+        starts = [j for j, p in enumerate(pos) if p == 0] + [len(pos)]
+        out += [(ids[s:e], labels[s:e]) for s, e in zip(starts[:-1], starts[1:])]
+    return out
+
+# %% ../../nbs/agents/05_sft.ipynb #225e2745
+COMPILE_MIN_PARAMS = 50_000_000   # below this (the tiny test rung) a step takes milliseconds and compiling never pays
+
+def compile_decoder_layers(model) -> int:
+    "Compile each decoder layer of `model` in place with inductor, lengths dynamic; how many (0: no C++ compiler or no layer stack)."
+    import shutil
+    net = model.get_base_model() if hasattr(model, 'get_base_model') else model
+    layers = getattr(getattr(net, net.base_model_prefix, None), 'layers', None)
+    if layers is None or not (shutil.which(os.environ.get('CXX') or 'g++') or shutil.which('clang++')): return 0
+    for layer in layers: layer.compile(dynamic=True)    # one graph for all layers and lengths; the state-dict keys unchanged
+    return len(layers)
+
 # %% ../../nbs/agents/05_sft.ipynb #b0114273
 def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int|None=16, lora_alpha:int|None=None,
                      lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1, max_length:int=1536,
                      seed:int=0, bf16:bool=True, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
-                     device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None):
+                     device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None,
+                     padding_free:bool=True,            # the batch's chats in one row, no padding (batch size 1: no padding anyway)
+                     compile_layers:bool|None=None):    # None: on CPU for models of at least COMPILE_MIN_PARAMS parameters
     "A configured trl `SFTTrainer` (assistant-only loss) for `examples` on `model_spec`; see `train_sft`."
-    import torch
     from datasets import Dataset
     from transformers import set_seed
     from trl import SFTConfig, SFTTrainer
     set_seed(seed)
+    if not examples: raise ClawError('no training examples', field='data')
     tok, model = load_model(model_spec, device=device, yarn_factor=yarn_factor)
-    cfg = SFTConfig(output_dir=str(Path(out_dir)/'checkpoints'), assistant_only_loss=True, max_length=max_length,
+    padding_free = padding_free and batch_size > 1
+    if padding_free: use_varlen_attention(model)
+    cfg = SFTConfig(output_dir=str(Path(out_dir)/'checkpoints'), assistant_only_loss=True, max_length=None if padding_free else max_length,
                     per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, learning_rate=lr,
                     num_train_epochs=epochs, max_steps=max_steps, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
                     logging_steps=1, save_steps=save_steps, save_total_limit=2, report_to='none', seed=seed, data_seed=seed,
-                    bf16=bf16, use_cpu=device == 'cpu', dataloader_num_workers=0, packing=False, disable_tqdm=True,
-                    activation_checkpointing=False, include_num_input_tokens_seen='non_padding',
-                    train_sampling_strategy='group_by_length')
-    if not examples: raise ClawError('no training examples', field='data')
+                    bf16=bf16, use_cpu=device == 'cpu', dataloader_num_workers=0, packing=False, padding_free=padding_free,
+                    disable_tqdm=True, activation_checkpointing=False, train_sampling_strategy='group_by_length',
+                    # no padding: every token is real (counting tokens unequal to the pad token would skip <|im_end|>, SmolLM2's pad)
+                    include_num_input_tokens_seen='all' if padding_free else 'non_padding')
     cls = SFTTrainer if (fused_lm_head if fused_lm_head is not None else device != 'cpu') else _plain_loss_trainer()
     trainer = cls(model=model, args=cfg, train_dataset=Dataset.from_list(examples), processing_class=tok,
                       peft_config=_lora_config(lora_r, lora_alpha) if lora_r else None)
+    longest = max(len(ids) for ids in trainer.train_dataset['input_ids'])
+    if padding_free and longest > max_length:      # trl truncates padded rows only; `sft_examples` drops long chats before this
+        raise ClawError(f'an example has {longest} tokens, more than max_length = {max_length} (sft_examples drops them)', field='max_length')
+    if compile_layers is None: compile_layers = device == 'cpu' and model.num_parameters() >= COMPILE_MIN_PARAMS
+    trainer.padding_free, trainer.compiled_layers = padding_free, compile_decoder_layers(trainer.model) if compile_layers else 0
     from transformers.trainer_callback import PrinterCallback
     trainer.remove_callback(PrinterCallback)        # the loss goes to loss.csv, not one dict per step on stdout
     return trainer
@@ -124,6 +195,8 @@ def train_sft(model:str,                     # Base: rung name or model folder
               seed:int=0, bf16:bool=True, save_steps:int=25, max_steps:int=-1,
               yarn_factor:float|None=None,   # YaRN rope scaling for long contexts
               device:str='cpu',
+              padding_free:bool=True,        # The batch's chats in one row without padding (same batches, same loss)
+              compile_layers:bool|None=None, # Compile the decoder layers (None: on CPU for models of 50M+ parameters)
               resume_from:str|None=None,     # A checkpoint folder to resume from (default: the newest in out_dir)
               log=print) -> dict:
     "Fine-tune `model` on the filtered trajectories with assistant-only loss; resumable; writes a merged `model/`."
@@ -146,7 +219,8 @@ def train_sft(model:str,                     # Base: rung name or model folder
     if counts['weighted_records']: log(f"sft: {counts['weighted_records']} records carry non-unit weights; SFTTrainer trains them unweighted")
     trainer = make_sft_trainer(model, examples, out, lora_r=lora_r, lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
                                max_length=max_length, seed=seed, bf16=bf16, save_steps=save_steps, max_steps=max_steps,
-                               yarn_factor=yarn_factor, device=device)
+                               yarn_factor=yarn_factor, device=device, padding_free=padding_free,
+                               compile_layers=compile_layers)
     if resume: log(f'sft: resuming from {resume}')
     t0 = time.time()
     res = trainer.train(resume_from_checkpoint=resume)
@@ -159,23 +233,26 @@ def train_sft(model:str,                     # Base: rung name or model folder
            'lora_r': lora_r, 'lr': lr, 'batch_size': batch_size, 'grad_accum': grad_accum, 'max_length': max_length, 'seed': seed,
            'bf16': bf16, 'yarn_factor': yarn_factor, 'first_loss': losses[0] if losses else None, 'last_loss': losses[-1] if losses else None,
            'train_wall_s': round(wall, 1), 'train_runtime_s': round(res.metrics.get('train_runtime', wall), 1),
-           'input_tokens_seen': ntok, 'resumed_from': resume}
+           'input_tokens_seen': ntok, 'resumed_from': resume,
+           'padding_free': trainer.padding_free, 'compiled_layers': trainer.compiled_layers}
     atomic_write_json(out/'sft.json', rec)
     log(f"sft: {rec['kept']} examples, {rec['steps']} steps, loss {rec['first_loss']:.3f} -> {rec['last_loss']:.3f}, {wall:.0f} s -> {out/'model'}")
     return rec
 
 # %% ../../nbs/agents/05_sft.ipynb #cfca49b7
 def loss_token_report(trainer, n_batches:int=1) -> dict:
-    "Counts of trained vs masked tokens on real batches, and trained tokens found inside tool results or user turns."
+    "Counts on real batches: chats, tensor rows, padding, trained vs masked tokens, and trained tokens inside tool results or user turns."
     tok = trainer.processing_class
-    counts = {'tokens': 0, 'trained': 0, 'masked': 0, 'trained_in_tool_or_user': 0}
+    counts = {'chats': 0, 'rows': 0, 'padding': 0, 'tokens': 0, 'trained': 0, 'masked': 0, 'trained_in_tool_or_user': 0}
     start_id = tok.convert_tokens_to_ids('<|im_start|>')
     for i, batch in enumerate(trainer.get_train_dataloader()):
         if i >= n_batches: break
-        for ids, labels, att in zip(batch['input_ids'].tolist(), batch['labels'].tolist(), batch['attention_mask'].tolist()):
+        chats = batch_examples(batch)
+        counts['chats'] += len(chats); counts['rows'] += batch['input_ids'].shape[0]
+        counts['padding'] += batch['input_ids'].numel() - sum(len(ids) for ids, _ in chats)
+        for ids, labels in chats:
             role = None
-            for j, (t, l, a) in enumerate(zip(ids, labels, att)):
-                if not a: continue
+            for j, (t, l) in enumerate(zip(ids, labels)):
                 if t == start_id: role = tok.decode(ids[j + 1:j + 3]).strip().split('\n')[0]
                 counts['tokens'] += 1
                 if l == -100: counts['masked'] += 1
@@ -202,37 +279,48 @@ def train_sft_isolated(model:str, data:str|Path, out_dir:str|Path, log=print, **
         raise ClawError(f'the SFT process exited with {p.returncode}: {last}', file=str(out_dir))
     return json.loads((Path(out_dir)/'sft.json').read_text())
 
+# %% ../../nbs/agents/05_sft.ipynb #ef23d87c
+def gemm_gflops(n:int=2048, dtype=None, seconds:float=1.0) -> float:
+    "GFLOP/s of an `n x n` matmul on this machine now (float32 unless `dtype`), timed for at least `seconds`."
+    import torch
+    a, b = (torch.randn(n, n, dtype=dtype or torch.float32) for _ in range(2))
+    a @ b; reps, t0 = 0, time.perf_counter()
+    while (dt := time.perf_counter() - t0) < seconds or reps < 3: a @ b; reps += 1
+    return 2 * n ** 3 * reps / dt / 1e9
+
 # %% ../../nbs/agents/05_sft.ipynb #9244614c
-def sft_throughput(model_spec:str, examples:list, steps:int=6, batch_size:int=4, max_length:int=1536, lora_r:int|None=16,
-                   lr:float=2e-4, bf16:bool=True, device:str='cpu', work_dir:str|Path|None=None) -> dict:
-    "Tokens per second of trl's SFTTrainer vs a plain PyTorch loop on the same model, batches and LoRA config."
-    import tempfile, torch
-    from transformers import TrainerCallback
+def sft_throughput(model_spec:str, examples:list, steps:int=4, batch_size:int=4, max_length:int=1536, lora_r:int|None=16,
+                   lr:float=2e-4, bf16:bool=True, device:str='cpu', work_dir:str|Path|None=None, rounds:int=2,
+                   arms:dict|None=None) -> dict:
+    "Trained tokens/s of trl's SFTTrainer padded (as before) and padding-free (now) on the same batches, side by side, against the roofline."
+    import gc, statistics, tempfile
+    from transformers import TrainerCallback, set_seed
     work = Path(work_dir or tempfile.mkdtemp())
-    trainer = make_sft_trainer(model_spec, examples, work/'trl', lora_r=lora_r, lr=lr, batch_size=batch_size, max_length=max_length,
-                               bf16=bf16, save_steps=10**9, max_steps=steps, device=device)
-    batches = [b for _, b in zip(range(steps), trainer.get_train_dataloader())]
-    ntok = [int(b['attention_mask'].sum()) for b in batches]
-    marks = []
+    arms = arms or {'padded': dict(padding_free=False, compile_layers=False), 'padding_free': {}}   # `{}`: train_sft's defaults
+    trainers = {a: make_sft_trainer(model_spec, examples, work/a, lora_r=lora_r, lr=lr, batch_size=batch_size, max_length=max_length,
+                                    bf16=bf16, save_steps=10**9, max_steps=steps, device=device, **kw) for a, kw in arms.items()}
+    marks = []                                   # (time, real tokens trained so far) at the end of each step
     class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw): marks.append(time.perf_counter())
-    trainer.add_callback(Clock()); trainer.train()
-    trl_s = marks[-1] - marks[0]
-    _, model = load_model(model_spec, device=device)
-    if lora_r:
-        from peft import get_peft_model
-        model = get_peft_model(model, _lora_config(lora_r, None))
-    model.train(); opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    stamps = []
-    for b in batches:
-        b = {k: v.to(model.device) for k, v in b.items() if k in ('input_ids', 'attention_mask', 'labels')}
-        with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = assistant_token_loss(model, b)
-        loss.backward(); opt.step(); opt.zero_grad(); stamps.append(time.perf_counter())
-    plain_s = stamps[-1] - stamps[0]
-    # the trainer's dataloader order is the same both times (same seed): steps 2..n are compared
-    counted = sum(ntok[1:])
-    res = {'steps_timed': steps - 1, 'tokens_timed': counted, 'trl_tokens_per_s': round(counted / trl_s, 1),
-           'plain_tokens_per_s': round(counted / plain_s, 1)}
-    res['ratio'] = round(res['trl_tokens_per_s'] / res['plain_tokens_per_s'], 3)
+        def on_step_end(self, args, state, control, **kw): marks.append((time.perf_counter(), state.num_input_tokens_seen))
+    secs, toks, gemm = {a: [] for a in trainers}, {a: [] for a in trainers}, []
+    for tr in trainers.values(): tr.add_callback(Clock()); tr.args.save_strategy = 'no'   # no checkpoint at the end of each round
+    for _ in range(rounds):                      # interleaved: a busy machine slows every arm alike
+        for a, tr in trainers.items():
+            gemm.append(gemm_gflops())           # the GEMM rate between every two trainings: the machine's state throughout
+            set_seed(0); marks.clear(); tr.train()   # the same seed, the same batches; the first step warms up (and compiles)
+            secs[a].append(marks[-1][0] - marks[0][0]); toks[a].append(marks[-1][1] - marks[0][1])
+            tr.optimizer = tr.lr_scheduler = None; gc.collect()            # the next round starts afresh
+    gemm.append(gemm_gflops())
+    if len({tuple(t) for t in toks.values()}) != 1: raise ClawError(f'the arms trained different batches (tokens {toks})', field='arms')
+    n_params, timed = next(iter(trainers.values())).model.num_parameters(), sum(next(iter(toks.values())))
+    res = {'steps_timed': (steps - 1) * rounds, 'tokens_timed': timed, 'params': n_params,
+           'gemm_fp32_gflops': round(statistics.median(gemm), 1), 'gemm_fp32_gflops_range': [round(min(gemm), 1), round(max(gemm), 1)]}
+    res['roofline_tokens_per_s'] = round(res['gemm_fp32_gflops'] * 1e9 / (6 * n_params), 1)
+    for a, tr in trainers.items():
+        res[f'{a}_tokens_per_s'] = round(timed / sum(secs[a]), 1)
+        res[f'{a}_roofline_share'] = round(res[f'{a}_tokens_per_s'] / res['roofline_tokens_per_s'], 3)
+        res[f'{a}_compiled_layers'] = tr.compiled_layers
+    if {'padded', 'padding_free'} <= trainers.keys():
+        res['speedup'] = round(res['padding_free_tokens_per_s'] / res['padded_tokens_per_s'], 3)
+        res['speedup_by_round'] = [round(p / f, 3) for p, f in zip(secs['padded'], secs['padding_free'])]   # the spread is the noise
     return res
