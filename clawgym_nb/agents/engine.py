@@ -51,8 +51,9 @@ class PackedLinear:
         self.fmt, self.b, w = fmt, b, w.float()
         if fmt == 'fp32': self.w = w.t().contiguous()
         elif fmt == 'bf16':
-            self.w = w.to(torch.bfloat16).contiguous()
-            self.onednn = _onednn_packed(self.w)
+            w = w.to(torch.bfloat16).contiguous()
+            self.onednn = _onednn_packed(w)
+            self.w = None if self.onednn is not None else w      # one copy: oneDNN's layout, or the plain one where it is missing
         else:
             s = (w.abs().amax(1) / 127).clamp(min=1e-12)
             self.w, self.s = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), s.to(torch.bfloat16)

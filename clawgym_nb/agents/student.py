@@ -189,7 +189,7 @@ class _Rows:
         if (t > 0).any():
             drawn = torch.multinomial(torch.softmax(logits / t.clamp(min=1e-5)[:, None], -1), 1)[:, 0]
             pick = torch.where(t > 0, drawn, pick)
-        logp = torch.log_softmax(logits, -1).gather(1, pick[:, None])[:, 0]
+        logp = logits.gather(1, pick[:, None])[:, 0] - logits.logsumexp(-1)     # log softmax of the picked token only
         return list(zip(pick.tolist(), logp.tolist()))
 
     def _took(self, r, token, logp) -> bool:
