@@ -9,7 +9,8 @@ import json, os, socket, subprocess, tempfile, threading, time
 from pathlib import Path
 import pytest
 from clawgym_nb.core.basics import WORKSPACE_MOUNT, ClawError, external_data, missing_data
-from clawgym_nb.env.sandbox import BwrapSandbox, SandboxLimits, _cg_base
+from clawgym_nb.env.sandbox import SandboxLimits, _cg_base
+from clawgym_nb.env.bwrap_sandbox import BwrapSandbox
 from clawgym_nb.env.tasks import Task, load_task, save_task
 from clawgym_nb.env.grading import (CLAWGYM_REWARD_SH, GRADER_MOUNT, SpareGraders, grade_task, run_code_check, _as_reward_sh,
                                     _CLAWGYM_MEAN)

@@ -8,7 +8,8 @@ import os, socket, subprocess, tempfile, time, uuid, warnings
 from pathlib import Path
 import pytest
 from clawgym_nb.core.basics import WORKSPACE_MOUNT, ClawError
-from clawgym_nb.env.sandbox import BwrapSandbox, LocalSandbox, PathEscapeError, SandboxLimits, resolve_in_workspace, _cg_base
+from clawgym_nb.env.bwrap_sandbox import BwrapSandbox
+from clawgym_nb.env.sandbox import LocalSandbox, PathEscapeError, SandboxLimits, resolve_in_workspace, _cg_base
 from clawgym_nb.env.sandboxes import available_providers, default_provider, make_sandbox
 
 warnings.filterwarnings('ignore', message=".*NOT isolated.*")

@@ -6,7 +6,8 @@
 from __future__ import annotations
 import os, warnings
 from ..core.basics import ClawError
-from .sandbox import Sandbox, LocalSandbox, BwrapSandbox
+from .sandbox import Sandbox, LocalSandbox
+from .bwrap_sandbox import BwrapSandbox
 from .docker_sandbox import DockerSandbox
 
 # %% auto #0
