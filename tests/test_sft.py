@@ -157,6 +157,39 @@ def test_throughput_returns_its_keys(data, tok, tmp_path):
     assert thr['padded_compiled_layers'] == thr['padding_free_compiled_layers'] == 0          # the tiny rung is never compiled by default
 
 
+@pytest.mark.parametrize('padding_free', [True, False])
+def test_weights_reach_the_loss(data, tok, tmp_path, padding_free):
+    "Each chat's weight scales its tokens' loss, padded or padding-free: the weighted loss is sum_i w_i * (chat i's summed loss) / all labelled tokens."
+    import torch
+    recs = read_jsonl(data/'short.jsonl')[:3]
+    weights = [2.0, 0.0, 0.5]
+    examples, counts = sft_examples([{**r, 'weight': w} for r, w in zip(recs, weights)], tok, 4096)
+    assert counts['weighted_records'] == 3 and [e['weight'] for e in examples] == weights
+    tr = make_sft_trainer('tiny', examples, tmp_path/'w', batch_size=3, max_steps=1, save_steps=100, padding_free=padding_free, **FAST)
+    assert tr.weighted and type(tr).__name__ == 'PlainLossSFTTrainer'
+    batch = next(iter(tr.get_train_dataloader()))
+    chats = batch_examples(batch)
+    by_ids = {tuple(tok.apply_chat_template(e['messages'], tokenize=True, return_dict=True)['input_ids']): e['weight'] for e in examples}
+    model = tr.model.eval()
+    with torch.no_grad():
+        got = assistant_token_loss(model, batch)
+        sums, n = 0.0, 0
+        for ids, labels in chats:                      # each chat alone, unweighted: its mean loss times its labelled tokens
+            k = sum(1 for l in labels[1:] if l != -100); n += k
+            one = assistant_token_loss(model, {'input_ids': torch.tensor([ids]), 'labels': torch.tensor([labels])})
+            sums += by_ids[tuple(ids)] * float(one) * k
+        plain = assistant_token_loss(model, {k: v for k, v in batch.items() if k != 'token_weights'})
+    assert float(got) == pytest.approx(sums / n, rel=1e-4)
+    assert abs(float(got) - float(plain)) > 1e-3       # the weights changed the loss (the check can fail)
+
+
+def test_bad_weight_names_the_record(data, tok):
+    recs = read_jsonl(data/'short.jsonl')[:2]
+    for bad in (-1.0, float('nan'), 'heavy'):
+        with pytest.raises(ClawError, match=r'record 2: weight'):
+            sft_examples([recs[0], {**recs[1], 'weight': bad}], tok, 4096)
+
+
 @pytest.fixture(scope='module')
 def trained(data, tmp_path_factory):
     out = tmp_path_factory.mktemp('sft-run')

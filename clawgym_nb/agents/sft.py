@@ -18,23 +18,26 @@ warnings.filterwarnings('ignore', message='`is_gradient_checkpointing` is deprec
 warnings.filterwarnings('ignore', message='`torch.jit.script_method` is deprecated', category=DeprecationWarning)
 
 # %% auto #0
-__all__ = ['COMPILE_MIN_PARAMS', 'sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'varlen_sdpa_attention',
-           'use_varlen_attention', 'batch_examples', 'compile_decoder_layers', 'make_sft_trainer', 'train_sft',
-           'loss_token_report', 'train_sft_isolated', 'gemm_gflops', 'sft_throughput']
+__all__ = ['COMPILE_MIN_PARAMS', 'sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'WeightedCollator',
+           'varlen_sdpa_attention', 'use_varlen_attention', 'batch_examples', 'compile_decoder_layers',
+           'make_sft_trainer', 'train_sft', 'loss_token_report', 'train_sft_isolated', 'gemm_gflops', 'sft_throughput']
 
 # %% ../../nbs/agents/05_sft.ipynb #f1d5d183
 def sft_examples(data:str|Path|list,        # SFT JSONL from `write_sft_dataset`, or its records
                  tok=None,                  # Tokenizer to measure lengths (None: keep all)
                  max_length:int|None=None,  # Drop examples longer than this many tokens
                  ) -> tuple[list, dict]:
-    "Student-view chat examples `{messages}` and counts (kept, dropped as too long, weights ignored)."
+    "Student-view chat examples `{messages, weight}` and counts (kept, dropped as too long, records with non-unit weights)."
     recs = read_jsonl(data) if isinstance(data, (str, Path)) else list(data)
     for i, r in enumerate(recs):
         if not isinstance(r, dict) or not isinstance(r.get('messages'), list):
             raise ClawError('not an SFT example (needs messages)', file=str(data) if isinstance(data, (str, Path)) else None, field=f'record {i + 1}')
     out, too_long, lengths = [], 0, []
-    for r in recs:
-        ex = {'messages': student_messages(r['messages'])}
+    for i, r in enumerate(recs):
+        w = r.get('weight', 1.0)
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise ClawError(f'weight must be a finite number >= 0, not {w!r}', file=str(data) if isinstance(data, (str, Path)) else None, field=f'record {i + 1}: weight')
+        ex = {'messages': student_messages(r['messages']), 'weight': float(w)}
         if tok is not None and max_length:
             n = len(tok.apply_chat_template(ex['messages'], tokenize=True, return_dict=True)['input_ids'])
             lengths.append(n)
@@ -71,7 +74,7 @@ def _newest_checkpoint(folder:Path) -> str|None:
 _PADDING_FREE_KEYS = ('position_ids', 'cu_seq_lens_q', 'cu_seq_lens_k', 'max_length_q', 'max_length_k')   # trl's padding-free row
 
 def assistant_token_loss(model, batch:dict, num_items_in_batch=None):
-    "Mean cross-entropy over labelled (assistant) tokens, projecting only those positions through the LM head."
+    "Mean cross-entropy over labelled (assistant) tokens, each scaled by its chat's weight (`token_weights`, when the batch has them); the LM head only on those positions."
     import torch.nn.functional as F
     net = model.get_base_model() if hasattr(model, 'get_base_model') else model      # LoRA layers live inside it
     backbone = getattr(net, net.base_model_prefix)
@@ -79,7 +82,9 @@ def assistant_token_loss(model, batch:dict, num_items_in_batch=None):
     hidden = backbone(input_ids=batch['input_ids'], attention_mask=batch.get('attention_mask'), use_cache=False, **packed).last_hidden_state
     labels = batch['labels'][:, 1:]; keep = labels != -100
     logits = net.get_output_embeddings()(hidden[:, :-1][keep]).float()
-    total = F.cross_entropy(logits, labels[keep], reduction='sum')
+    if 'token_weights' in batch:      # a weighted dataset: each token's loss times its chat's weight (mean weight 1: same scale)
+        total = (F.cross_entropy(logits, labels[keep], reduction='none') * batch['token_weights'][:, 1:][keep].to(logits.device)).sum()
+    else: total = F.cross_entropy(logits, labels[keep], reduction='sum')
     n = num_items_in_batch if num_items_in_batch is not None else keep.sum()
     return total / n
 
@@ -92,6 +97,22 @@ def _plain_loss_trainer():
                 loss = assistant_token_loss(model, inputs, num_items_in_batch)
             return (loss, None) if return_outputs else loss
     return PlainLossSFTTrainer
+
+# %% ../../nbs/agents/05_sft.ipynb #6b4b9643
+class WeightedCollator:
+    "trl's collator, plus `token_weights`: each token's chat weight, laid out like the batch (padded rows, or one padding-free row)."
+    def __init__(self, inner): self.inner = inner
+    def __call__(self, examples:list) -> dict:
+        import torch
+        w = torch.tensor([float(e.get('weight', 1.0)) for e in examples])
+        batch = self.inner([{k: v for k, v in e.items() if k != 'weight'} for e in examples])
+        ids = batch['input_ids']
+        if 'attention_mask' in batch: tw = w[:, None].expand(ids.shape).clone()          # one chat per row
+        else:                                                                            # the chats one after another in row 0
+            lens = torch.tensor([len(e['input_ids']) for e in examples])
+            tw = torch.zeros(ids.shape); tw[0, :int(lens.sum())] = torch.repeat_interleave(w, lens)
+        batch['token_weights'] = tw
+        return batch
 
 # %% ../../nbs/agents/05_sft.ipynb #8914130e
 _VARLEN = {}   # the per-chat attention as called from compiled layers (a graph break: `.tolist()` of the boundaries every step)
@@ -173,14 +194,18 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
                     disable_tqdm=True, activation_checkpointing=False, train_sampling_strategy='group_by_length',
                     # no padding: every token is real (counting tokens unequal to the pad token would skip <|im_end|>, SmolLM2's pad)
                     include_num_input_tokens_seen='all' if padding_free else 'non_padding')
-    cls = SFTTrainer if (fused_lm_head if fused_lm_head is not None else device != 'cpu') else _plain_loss_trainer()
+    weighted = any(ex.get('weight', 1.0) != 1.0 for ex in examples)      # weights reach the loss through the plain loss only
+    cls = SFTTrainer if (fused_lm_head if fused_lm_head is not None else device != 'cpu') and not weighted else _plain_loss_trainer()
     trainer = cls(model=model, args=cfg, train_dataset=Dataset.from_list(examples), processing_class=tok,
                       peft_config=_lora_config(lora_r, lora_alpha) if lora_r else None)
     longest = max(len(ids) for ids in trainer.train_dataset['input_ids'])
     if padding_free and longest > max_length:      # trl truncates padded rows only; `sft_examples` drops long chats before this
         raise ClawError(f'an example has {longest} tokens, more than max_length = {max_length} (sft_examples drops them)', field='max_length')
     if compile_layers is None: compile_layers = device == 'cpu' and model.num_parameters() >= COMPILE_MIN_PARAMS
-    trainer.padding_free, trainer.compiled_layers = padding_free, compile_decoder_layers(trainer.model) if compile_layers else 0
+    if weighted:
+        trainer._signature_columns = ['input_ids', 'labels', 'seq_lengths', 'weight']   # the weight column survives to the collator
+        trainer.data_collator = WeightedCollator(trainer.data_collator)
+    trainer.weighted, trainer.padding_free, trainer.compiled_layers = weighted, padding_free, compile_decoder_layers(trainer.model) if compile_layers else 0
     from transformers.trainer_callback import PrinterCallback
     trainer.remove_callback(PrinterCallback)        # the loss goes to loss.csv, not one dict per step on stdout
     return trainer
@@ -216,7 +241,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
     tok, _ = load_model(model)
     examples, counts = sft_examples(data, tok, max_length)
     if not examples: raise ClawError('no training examples left after filtering', file=str(data) if not isinstance(data, list) else None, field='data')
-    if counts['weighted_records']: log(f"sft: {counts['weighted_records']} records carry non-unit weights; SFTTrainer trains them unweighted")
+    if counts['weighted_records']: log(f"sft: {counts['weighted_records']} records carry non-unit weights: each scales its tokens' loss")
     trainer = make_sft_trainer(model, examples, out, lora_r=lora_r, lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
                                max_length=max_length, seed=seed, bf16=bf16, save_steps=save_steps, max_steps=max_steps,
                                yarn_factor=yarn_factor, device=device, padding_free=padding_free,
@@ -234,7 +259,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
            'bf16': bf16, 'yarn_factor': yarn_factor, 'first_loss': losses[0] if losses else None, 'last_loss': losses[-1] if losses else None,
            'train_wall_s': round(wall, 1), 'train_runtime_s': round(res.metrics.get('train_runtime', wall), 1),
            'input_tokens_seen': ntok, 'resumed_from': resume,
-           'padding_free': trainer.padding_free, 'compiled_layers': trainer.compiled_layers}
+           'padding_free': trainer.padding_free, 'compiled_layers': trainer.compiled_layers, 'weighted': trainer.weighted}
     atomic_write_json(out/'sft.json', rec)
     log(f"sft: {rec['kept']} examples, {rec['steps']} steps, loss {rec['first_loss']:.3f} -> {rec['last_loss']:.3f}, {wall:.0f} s -> {out/'model'}")
     return rec
