@@ -213,6 +213,9 @@ CHECKS = {   # what check.py does -> both paths must agree
     'reads_workspace': 'print(json.dumps({"n": float(Path(sys.argv[1], "input", "n.csv").is_file())}))',
 }
 
+CRITERIA = {'subscores': {'a': 1.0, 'b': 0.5}, 'indented': {'a': 1.0, 'b': 0.0}, 'reads_payload': {'q': 1.0},
+            'reads_workspace': {'n': 1.0}, 'above_one': {'a': 2.0}}   # the cases whose check.py printed an object of numbers and exited 0
+
 def clawgym_task(tid, body):
     check = f'import json, os, sys\nfrom pathlib import Path\n{body}\n'
     return Task(tid, 'sum it', files={'input/n.csv': b'n\n1\n'}, reward_files={'reward.sh': CLAWGYM_REWARD_SH, 'check.py': check.encode()})
@@ -224,8 +227,10 @@ def test_one_interpreter_grades_like_the_script(tmp_path, case):
     fast = run_code_check(task, ws, [], provider=GRADER_PROVIDER)
     full = run_code_check(task, ws, [], provider=GRADER_PROVIDER, one_interpreter=False)
     assert (fast['grader'], full['grader']) == ('check.py+mean', 'reward.sh')
-    keys = ('code_score', 'subscores', 'error_class', 'flags', 'grader_stdout')
+    keys = ('code_score', 'error_class', 'flags', 'grader_stdout')
     assert {k: fast[k] for k in keys} == {k: full[k] for k in keys}, (fast, full)
+    assert full['subscores'] is None          # the script's pipe keeps only the mean; one interpreter keeps check.py's criteria
+    assert fast['subscores'] == CRITERIA.get(case), (case, fast['subscores'])
     if fast['error']: assert fast['error'].split(': ', 1)[0] == full['error'].split(': ', 1)[0] and \
                              fast['error'].splitlines()[-1][-40:] == full['error'].splitlines()[-1][-40:], (fast['error'], full['error'])
 

@@ -148,6 +148,13 @@ def _clawgym_mean(stdout:str) -> str:
     return str(sum(float(v) for v in data.values()) / len(data) if isinstance(data, dict) and data
                else float(data) if isinstance(data, (int, float)) else 0.0)
 
+def _check_py_criteria(stdout:str) -> dict|None:
+    "`check.py`'s per-criterion scores when it printed one JSON object of finite numbers, else None."
+    try: d = json.loads(stdout.strip())
+    except ValueError: return None
+    ok = isinstance(d, dict) and d and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in d.values())
+    return {str(k): float(v) for k, v in d.items()} if ok else None
+
 def _as_reward_sh(r:ExecResult) -> ExecResult:
     "`check.py`'s result as ClawGym's `reward.sh` returns it: output piped into the mean, exit status under pipefail."
     if r.timed_out: return r
@@ -249,7 +256,7 @@ def run_code_check(
             if not inside: data = data.replace(WORKSPACE_MOUNT.encode(), str(sb.root).encode())
             p = ws/'reward'/rel; p.parent.mkdir(parents=True, exist_ok=True); p.write_bytes(data)
             if rel.endswith('.sh'): p.chmod(0o755)
-        try: r = as_reward_sh(run(timeout))
+        try: raw = run(timeout); r = as_reward_sh(raw)
         except Exception as e:
             return {**res, 'error_class': 'sandbox_error', 'error': f'grader exec failed: {type(e).__name__}: {e}'}
         res.update(grader_wall_s=round(r.wall_s, 3), grader_stdout=_tail(r.stdout), grader_stderr=_tail(r.stderr))
@@ -258,7 +265,8 @@ def run_code_check(
             err = (r.stderr.strip().splitlines() or ['no stderr'])[-1]
             return {**res, 'error_class': 'grader_crash', 'error': f'reward.sh exited with {r.returncode}: {err[:300]}'}
         p = parse_reward_output(r.stdout)
-        res.update(code_score=p['score'], subscores=p['subscores'], error_class=p['error_class'], error=p['error'])
+        subs = p['subscores'] or (_check_py_criteria(raw.stdout) if res['grader'] == 'check.py+mean' else None)   # kept, not piped away
+        res.update(code_score=p['score'], subscores=subs, error_class=p['error_class'], error=p['error'])
         res['flags'] += p['flags']
         return res
     except OSError as e:
