@@ -13,8 +13,8 @@ from ..env.tasks import Task, load_tasks
 from .opspec import BENCH_CATEGORIES
 
 # %% auto #0
-__all__ = ['words', 'ngrams', 'distinct_n', 'shingles', 'jaccard', 'diversity_report', 'diversity_tables', 'diversity_figure',
-           'plot_diversity', 'write_diversity']
+__all__ = ['words', 'ngrams', 'distinct_n', 'shingles', 'jaccard', 'diversity_report', 'task_measures', 'diversity_tables',
+           'diversity_figure', 'plot_diversity', 'write_diversity']
 
 # %% ../../nbs/syndata/07a_diversity.ipynb #3d71b5d6
 _WORD = re.compile(r"[\w']+", re.UNICODE)
@@ -102,6 +102,25 @@ def diversity_report(tasks,                    # A list of `tasks.Task` or a tas
                            'seed': seed, 'mean': round(mean(sims), 4) if sims else None, 'median': round(median(sims), 4) if sims else None,
                            'max': round(max(sims), 4) if sims else None, 'share_above_0.8': round(sum(s > 0.8 for s in sims) / len(sims), 4) if sims else None,
                            'bin_edges': edges, 'histogram': hist}}
+
+# %% ../../nbs/syndata/07a_diversity.ipynb #b55dc14c
+_NUMBERED = re.compile(r'^\s*\(?\d{1,2}[.)]\s+\S', re.M)
+_OUTPUT_FILE = re.compile(r'(?<![\w/.-])output/[\w./-]*\w')
+
+def task_measures(tasks,                   # A list of `tasks.Task` or a task store folder
+                  criteria:dict|None=None  # task id -> number of grader criteria (from `validate`'s records), if counted
+                 ) -> dict:
+    "Per-task means over a set: instruction words, numbered requirements, output files named, input files, grader criteria."
+    tasks = _as_tasks(tasks, [])
+    rows = [{'words': len(words(t.prompt)), 'numbered_requirements': len(_NUMBERED.findall(t.prompt)),
+             'output_files': len(set(_OUTPUT_FILE.findall(t.prompt))),
+             'input_files': sum(1 for f in (t.files or {}) if not f.startswith('reward/')),
+             'criteria': (criteria or {}).get(t.task_id)} for t in tasks]
+    def avg(k):
+        xs = [r[k] for r in rows if r[k] is not None]
+        return round(mean(xs), 2) if xs else None
+    return {'n_tasks': len(rows), **{f'{k}_per_task': avg(k) for k in ('words', 'numbered_requirements', 'output_files', 'input_files', 'criteria')},
+            'criteria_counted': sum(r['criteria'] is not None for r in rows)}
 
 # %% ../../nbs/syndata/07a_diversity.ipynb #e83add86
 def diversity_tables(report:dict) -> dict:

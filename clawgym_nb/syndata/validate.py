@@ -168,7 +168,7 @@ def _episode_checks(task, provider:str, timeout:float=120) -> dict:
 # %% ../../nbs/syndata/06_validate.ipynb #2949584a
 def _record(task, res:dict, mode:str) -> dict:
     "One task's report entry from the raw results of either mode."
-    rec = {'task_id': task.task_id, 'mode': mode, 'reference_score': None, 'noop_score': None, 'grader_ok': None,
+    rec = {'task_id': task.task_id, 'mode': mode, 'reference_score': None, 'noop_score': None, 'grader_ok': None, 'criteria': None,
            'problems': [], 'checked': [], 'not_checked': {}, 'kept': True}
     P = rec['problems']
     if res.get('driver_error'): P.append(_problem('validation_error', res['driver_error']))
@@ -177,6 +177,7 @@ def _record(task, res:dict, mode:str) -> dict:
         if task.grading_type != 'llm_judge': P.append(_problem('no_grader', 'no reward/reward.sh'))
     else:
         emp, noop, ref = res.get('empty'), res.get('noop'), res.get('ref')
+        rec['criteria'] = len((emp or {}).get('subscores') or (noop or {}).get('subscores') or {}) or None   # what the grader scores
         if emp is not None:
             rec['checked'].append('grader_empty'); rec['grader_ok'] = emp.get('error') is None and emp.get('score') is not None
             if not rec['grader_ok']: P.append(_problem('grader_crash', f"on an empty workspace: {emp.get('error')}"))
