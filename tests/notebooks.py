@@ -33,8 +33,9 @@ def _skip(flags:set):
 
 def machine_text(text:str) -> list[str]:
     "What in an output a reader elsewhere must not see: this machine's paths and progress-bar noise."
-    places = (re.escape(str(ROOT)), re.escape(str(ROOT.parent)) + r'(?![\w.-])',   # the clone's parent, not e.g. /workspace
-              re.escape(str(Path.home()/'.cache')), re.escape(tempfile.gettempdir()) + '/tmp')
+    parent = [] if str(ROOT.parent) in (tempfile.gettempdir(), '/tmp', '/var/tmp', '/') else [re.escape(str(ROOT.parent)) + r'(?![\w.-])']   # the clone's
+    # parent (not e.g. /workspace); a clone made by mktemp lives in the temp folder, a word prose may name ("a private /tmp")
+    places = (re.escape(str(ROOT)), *parent, re.escape(str(Path.home()/'.cache')), re.escape(tempfile.gettempdir()) + '/tmp')
     bad = [m.group(0) for m in (re.search(p, text) for p in places) if m]
     return bad + (['progress-bar noise'] if NOISE.search(text) else [])
 
