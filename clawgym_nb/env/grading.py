@@ -58,6 +58,13 @@ def reward_payload(
 # %% ../../nbs/env/05_grading.ipynb #9ca5488d
 GRADER_MOUNT = '/opt/clawgym/grader'   # where the payload is mounted read-only inside bwrap/docker
 
+def _score_object(text:str) -> dict|None:
+    "A JSON object of numbers (per-criterion scores) as `{name: float}`, else None."
+    try: d = json.loads(text)
+    except ValueError: return None
+    ok = isinstance(d, dict) and d and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d.values())
+    return {str(k): float(v) for k, v in d.items()} if ok else None
+
 def parse_reward_output(
     stdout:str,   # The grader's standard output
 ) -> dict:
@@ -65,11 +72,7 @@ def parse_reward_output(
     lines = [l.strip() for l in stdout.splitlines() if l.strip()]
     out = {'score': None, 'subscores': None, 'flags': [], 'error_class': None, 'error': None}
     for l in reversed(lines[:-1]):
-        if l.startswith('{'):
-            try: d = json.loads(l)
-            except json.JSONDecodeError: continue
-            if isinstance(d, dict) and d and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in d.values()):
-                out['subscores'] = {str(k): float(v) for k, v in d.items()}; break
+        if l.startswith('{') and (d := _score_object(l)) is not None: out['subscores'] = d; break
     if not lines: return {**out, 'error_class': 'grader_bad_output', 'error': 'reward script printed nothing'}
     try: s = float(lines[-1])
     except ValueError:
@@ -150,10 +153,8 @@ def _clawgym_mean(stdout:str) -> str:
 
 def _check_py_criteria(stdout:str) -> dict|None:
     "`check.py`'s per-criterion scores when it printed one JSON object of finite numbers, else None."
-    try: d = json.loads(stdout.strip())
-    except ValueError: return None
-    ok = isinstance(d, dict) and d and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in d.values())
-    return {str(k): float(v) for k, v in d.items()} if ok else None
+    d = _score_object(stdout.strip())
+    return d if d is not None and all(math.isfinite(v) for v in d.values()) else None
 
 def _as_reward_sh(r:ExecResult) -> ExecResult:
     "`check.py`'s result as ClawGym's `reward.sh` returns it: output piped into the mean, exit status under pipefail."
