@@ -46,12 +46,22 @@ def test_rewards_span_0_1_and_profiles_order():
         else: assert max(rs) == 1.0
     assert means['strong'] > means['weak'] + 0.2, means
 
+def _recover_only(partial:float):
+    p = TeacherPolicy('default', 0); p.profile = type(p.profile)(f'recover-only-{partial}', wrong_plan=0, missing_output=0, wrong_format=0,
+        loop=0, stuck_confirmation=0, give_up=0, recover=1.0, recover_partial=partial)
+    return p
+
 def test_recover_ends_correct():
-    t = TASKS[0]
-    p = TeacherPolicy('default', 0); p.profile = type(p.profile)('recover-only', wrong_plan=0, missing_output=0, wrong_format=0,
-        loop=0, stuck_confirmation=0, give_up=0, recover=1.0)
-    ep = run_episode(t, p, provider='auto')
-    assert 'recover' in p.tags and ep.record['final_score'] == 1.0, (p.tags, ep.record)
+    p = _recover_only(0.0); ep = run_episode(TASKS[0], p, provider='auto')
+    assert 'recover' in p.tags and 'recover_partial' not in p.tags and ep.record['final_score'] == 1.0, (p.tags, ep.record)
+
+def test_partial_recovery_rechecks_and_ends_partly_right():
+    "A partial recovery keeps the re-check and re-run in the transcript and ends above 0 and below 1 (the re-run still holds a mistake)."
+    p = _recover_only(1.0); ep = run_episode(TASKS[0], p, provider='auto')
+    assert {'recover', 'recover_partial'} <= set(p.tags), p.tags
+    assert 0 < ep.record['final_score'] < 1.0, ep.record
+    said = ' '.join(m.get('content') or '' for m in ep.messages if m.get('role') == 'assistant')
+    assert 'double-check' in said and 'Re-running' in said, said[:500]
 
 def test_rollouts_resume_and_load(tmp_path):
     s = rollouts(TASKS[:2], 'scripted:teacher-weak', 2, tmp_path, workers=2, progress=False, log=lambda *a: None)

@@ -34,14 +34,15 @@ class TeacherProfile:
     stuck_confirmation:float = 0.06   # per episode: after exploring, ask the user for confirmation and stop
     give_up:float = 0.04              # per episode: stop after exploring
     recover:float = 0.15              # per operation: play a wrong plan, read the output, notice, re-run the reference
+    recover_partial:float = 0.4       # of those recoveries: the re-run still holds a mistake (ends partially right)
     max_reads:int = 3                 # exploration reads up to this many input files
 
 PROFILES = {
     'strong': TeacherProfile('strong', wrong_plan=0.05, missing_output=0.02, wrong_format=0.03, loop=0.02,
-                             stuck_confirmation=0.02, give_up=0.01, recover=0.2),
+                             stuck_confirmation=0.02, give_up=0.01, recover=0.2, recover_partial=0.2),
     'default': TeacherProfile('default'),
     'weak': TeacherProfile('weak', wrong_plan=0.4, missing_output=0.25, wrong_format=0.15, loop=0.15,
-                           stuck_confirmation=0.15, give_up=0.1, recover=0.1, max_reads=2),
+                           stuck_confirmation=0.15, give_up=0.1, recover=0.1, recover_partial=0.6, max_reads=2),
 }
 
 def teacher_rng(profile:str, task_id:str, rollout:int=0) -> random.Random:
@@ -144,6 +145,13 @@ def _unit_steps(unit, wrong:bool=False, rng=None) -> list|None:
     bad = op.perturb(plan, rng)
     return None if bad is None else op.reference(bad)
 
+def _twice_wrong(unit, rng) -> list|None:
+    "`(steps of the plan perturbed twice, steps of it perturbed once)`: a try with two wrong details and a re-run that fixes one; None when a second perturbation changes nothing."
+    op, plan = unit
+    if op is None or (once := op.perturb(plan, rng)) is None: return None
+    twice = op.perturb(once, rng)
+    return None if twice is None or twice in (once, plan) else (op.reference(twice), op.reference(once))
+
 def teacher_steps(task,                          # A `tasks.Task`
                   profile:TeacherProfile|str='default',  # A `TeacherProfile` or a name in `PROFILES`
                   rollout:int=0                  # Rollout index (part of the seed)
@@ -168,9 +176,11 @@ def teacher_steps(task,                          # A `tasks.Task`
         if i == loop_at: return steps + loop_steps(rng), tags + ['loop']
         r = rng.random()
         if r < prof.recover and (bad := _unit_steps(unit, True, rng)) is not None:
-            good = _unit_steps(unit)
+            good, partial = _unit_steps(unit), []
+            if rng.random() < prof.recover_partial:   # the re-run fixes one of two wrong details, or misreads the check and repeats the mistake
+                (bad, good), partial = _twice_wrong(unit, rng) or (bad, bad), ['recover_partial']
             steps += bad + [check_step(_op_outputs(unit[1]) if unit[0] else outputs[:1]), recheck_step(good)] + good[1:]
-            tags.append('recover'); continue
+            tags += ['recover'] + partial; continue
         r -= prof.recover
         if r < prof.wrong_plan and (bad := _unit_steps(unit, True, rng)) is not None:
             steps += bad; tags.append('wrong_plan'); continue
