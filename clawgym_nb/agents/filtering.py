@@ -54,8 +54,9 @@ def continuous_weights(records:list, alpha:float=1.0, floor:float=0.0) -> list[t
     return [(r, w / mean) for r, w in zip(kept, raw)]
 
 def write_sft_dataset(records:list, out:str|Path, threshold:float|None=0.5, alpha:float|None=None) -> dict:
-    "Write `{messages, weight, task_id, reward}` lines for SFT: a threshold filter, or continuous weights when `alpha` is given."
+    "Write `{messages, weight, task_id, reward}` lines for SFT, in task order: a threshold filter, or continuous weights when `alpha` is given."
     pairs = continuous_weights(records, alpha) if alpha is not None else [(r, 1.0) for r in filter_by_threshold(records, threshold)]
+    pairs.sort(key=lambda p: (str(p[0]['task_id']), p[0].get('rollout') or 0))   # task order, not finishing order: the same rollouts, the same file
     write_jsonl(out, [{'messages': r['messages'], 'weight': round(w, 6), 'task_id': r['task_id'], 'reward': r['reward']} for r, w in pairs])
     return {'path': str(out), 'n': len(pairs), 'mode': 'weights' if alpha is not None else 'threshold',
             'threshold': None if alpha is not None else threshold, 'alpha': alpha}

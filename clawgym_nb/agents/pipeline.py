@@ -14,7 +14,36 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['task_pools', 'teacher_data', 'episode_behaviour']
+__all__ = ['content_digest', 'arm_key', 'code_digest', 'arms_root', 'task_pools', 'teacher_data', 'episode_behaviour', 'sft_arm',
+           'eval_arm']
+
+# %% ../../nbs/agents/07_pipeline.ipynb #b576e497
+# Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
+import hashlib, importlib.util, time
+from ..core.basics import project_root, atomic_write_json, read_jsonl
+
+def content_digest(path:str|Path,
+                   ignore:tuple=('synth.json',)) -> str:   # Files that record a run (times, paths), not content
+    "sha256 of a file's bytes, or of a folder's files (relative names and bytes, in sorted order)."
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob('*') if f.is_file() and f.name not in ignore) if p.is_dir() else []
+    if not files: raise ClawError('nothing to digest (no such file, or an empty folder)', file=str(p))
+    h = hashlib.sha256()
+    for f in files: h.update(f'{f.relative_to(p) if f != p else f.name}\0'.encode() + f.read_bytes() + b'\0')
+    return h.hexdigest()
+
+def arm_key(**inputs) -> str:
+    "16 hex digits of the sha256 of the inputs as sorted JSON."
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+def code_digest() -> str:
+    "16 hex digits over the library's source: an arm is reused only by the code that built it."
+    pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
+    return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(pkg.rglob('*.py')) if f.name != '_modidx.py'})
+
+def arms_root(root:str|Path|None=None) -> Path:
+    "Where shared arms live: `root`, or `results/.arms` of the project."
+    return Path(root) if root else project_root()/'results'/'.arms'
 
 # %% ../../nbs/agents/07_pipeline.ipynb #37688910
 def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (benchmark candidates), bench/
@@ -57,8 +86,11 @@ def teacher_data(train_dir:str|Path,        # Training task store
     sweep = threshold_sweep(recs)
     kept = write_sft_dataset(recs, out/'sft.jsonl', threshold=threshold)
     log(f"teacher {teacher}: {len(recs)} trajectories, mean reward {summ['mean_reward']}, kept {kept['n']} above {threshold}")
+    made_from = {'train': content_digest(train_dir), 'teacher': teacher, 'rollouts_per_task': rollouts_per_task, 'provider': provider}
     return {'teacher': teacher, 'trajectories': len(recs), 'teacher_mean_reward': summ['mean_reward'], 'kept': kept['n'],
-            'threshold': threshold, 'sft_path': kept['path'], 'sweep': sweep, 'tags': summ.get('tags')}
+            'threshold': threshold, 'sft_path': kept['path'], 'sweep': sweep, 'tags': summ.get('tags'),
+            'rollouts_path': str(out/'rollouts'/'trajectories.jsonl'), 'rollouts_key': made_from,   # what an SFT arm on them is keyed on
+            'data_key': {**made_from, 'threshold': threshold}}
 
 # %% ../../nbs/agents/07_pipeline.ipynb #e0b16424
 import re
@@ -85,3 +117,46 @@ def episode_behaviour(eval_dir:str|Path, tasks:list) -> dict:
     out = {k: round(v / n, 3) if n else None for k, v in sorted(c.items())}
     return {'n': n, **out, 'mean_turns': round(sum(r.get('turns') or 0 for r in recs) / n, 2) if n else None,
             'stop_reasons': dict(Counter(r.get('stop_reason') for r in recs))}
+
+# %% ../../nbs/agents/07_pipeline.ipynb #72336e1d
+from ..env.evaluate import evaluate
+from .sft import train_sft_isolated
+
+def sft_arm(model:str,                 # Base model: rung name or model folder
+            data:str|Path,             # The SFT JSONL (`write_sft_dataset`)
+            seed:int=0,
+            root:str|Path|None=None,   # Arms folder (default `results/.arms`)
+            data_key:dict|None=None,   # What the data was made from (`teacher_data`'s `data_key`); None: the file's bytes
+            log=print,
+            **sft) -> dict:            # `train_sft` settings (lora_r, lr, epochs, batch_size, max_length, device, ...)
+    "Train the student once per (code, model, data, seed, settings) in `<root>/sft/<key>`; later calls read it back."
+    inputs = {'code': code_digest(), 'model': str(model), 'data': data_key or content_digest(data), 'seed': seed, **sft}
+    key = arm_key(kind='sft', **inputs); folder = arms_root(root)/'sft'/key
+    reused = (folder/'sft.json').is_file() and (folder/'model'/'config.json').is_file()
+    if not reused: atomic_write_json(folder/'inputs.json', {**inputs, 'data_file': str(data)})
+    rec = train_sft_isolated(model, data, folder, seed=seed, log=log, **sft)
+    return {**rec, 'key': key, 'reused': reused, 'folder': str(folder), 'model_dir': str(folder/'model')}
+
+def eval_arm(bench_dir:str|Path,       # Benchmark task store
+             policy:str,               # Policy spec (a student's spec names its model folder: a keyed arm)
+             root:str|Path|None=None,
+             workers:int=1,            # Episodes in parallel (speed only: not part of the key)
+             **kw) -> dict:            # `evaluate` settings that decide scores (provider, max_turns, max_wall_s, ...)
+    "Play `policy` once per (code, benchmark bytes, policy, settings) into `<root>/eval/<key>`: mean, solved share, errors, times."
+    key = arm_key(kind='eval', code=code_digest(), bench=content_digest(bench_dir), policy=policy, **kw)
+    out = arms_root(root)/'eval'/key; done = out/'arm.json'
+    if done.is_file(): return {**json.loads(done.read_text()), 'reused': True}
+    atomic_write_json(out/'inputs.json', {'bench': str(bench_dir), 'policy': policy, **kw})
+    t0 = time.time()
+    try: evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
+    except ClawError as e:      # scores of other weights under the same model folder: moved aside, played again
+        if e.field not in ('weights', 'policy'): raise
+        for f in ('scores.jsonl', 'policy.json'): (out/f).rename(out/f'{f}.stale-{int(t0)}')
+        evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
+    recs = read_jsonl(out/'scores.jsonl'); scores = [r['final_score'] for r in recs if r['final_score'] is not None]
+    arm = {'key': key, 'policy': policy, 'dir': str(out), 'n': len(scores), 'errors': len(recs) - len(scores),
+           'mean': round(sum(scores) / len(scores), 4) if scores else None,
+           'solved_share': round(sum(1 for x in scores if x >= 1) / len(scores), 4) if scores else None,
+           'eval_s': round(time.time() - t0, 1), 'episode_wall_max_s': round(max((r['wall_s'] or 0) for r in recs), 1) if recs else None}
+    atomic_write_json(done, arm)    # written last: an interrupted evaluation has no arm.json and resumes in `evaluate`
+    return {**arm, 'reused': False}

@@ -69,7 +69,7 @@ class ScriptedPolicy:
         step = self.steps[self.i]; self.i += 1
         if callable(step): step = step(messages)
         if 'say' in step: return assistant_message(step['say'])
-        return assistant_message(step.get('thought'), [tool_call(step['tool'], step.get('args', {}))])
+        return assistant_message(step.get('thought'), [tool_call(step['tool'], step.get('args', {}), id=f'call_{self.i}')])   # ids by turn: the same episode, the same transcript
 
 # %% ../../nbs/env/06_policies.ipynb #810b5a65
 def _task_files(task) -> list[str]:

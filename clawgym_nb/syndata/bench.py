@@ -180,9 +180,10 @@ def build_benchmark(pool_dir:str|Path,            # Task store of candidate task
     for c in BENCH_CATEGORIES:
         for i in chosen[c]:
             t = by_id[i]; sc = {p: scores[p][i] for p in policies}
-            meta = {**t.metadata, 'bench': {'category': c, 'content_hash': hashes[i], 'scores': sc, 'pool_source': t.source}}
+            src = f'{Path(pool_dir).name}/{Path(t.source).name}' if t.source and Path(t.source).is_absolute() else t.source   # no machine path: the same pool, the same bytes
+            meta = {**t.metadata, 'bench': {'category': c, 'content_hash': hashes[i], 'scores': sc, 'pool_source': src}}
             save_task(Task(t.task_id, t.prompt, c, t.grading_type, t.files, t.reward_files, t.rubric, t.weights,
-                           t.timeout_s, meta, t.source), tdir/i)
+                           t.timeout_s, meta, src), tdir/i)
             kept.append({'task_id': i, 'category': c, 'content_hash': hashes[i], 'scores': sc})
     shortfalls = [f"{c}: {s['available']} eligible task(s) for a target of {s['target']}; filled from the other categories"
                   for c, s in stats.items() if s['shortfall']]
