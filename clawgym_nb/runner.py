@@ -9,11 +9,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 import yaml
 from .core.basics import (ClawError, atomic_write_json, atomic_write_text, git_commit, package_versions, machine_info,
-                                     project_root, replace_dir, sanitise_outputs)
+                                     project_root, replace_dir, sanitise_outputs, missing_data)
 
 # %% auto #0
 __all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
-           'resolve_parameters', 'run_experiment', 'run_all']
+           'resolve_parameters', 'run_experiment', 'run_all', 'run_table']
 
 # %% ../nbs/01_runner.ipynb #5e4d3a66
 def _tagged_cell(nb:dict, tag:str):
@@ -109,7 +109,18 @@ def resolve_parameters(name:str, variant:str|None=None, params_file:str|Path|Non
         if unknown:
             raise ClawError(f'unknown parameter(s) {", ".join(unknown)}; {name} takes: {", ".join(sorted(defaults))}',
                             file=where if where != '--set' else None, field='--set' if where == '--set' else ', '.join(unknown))
+        for k, v in d.items():
+            if k in defaults and (want := _type_mismatch(defaults[k], v)):
+                raise ClawError(f'{k} must be {want} (as in the notebook: {defaults[k]!r}), got {type(v).__name__} {v!r}',
+                                file=where if where != '--set' else None, field=f'--set {k}' if where == '--set' else k)
     return variant, {**defaults, **given, **overrides}, (str(src) if src else None)
+
+def _type_mismatch(default, value) -> str|None:
+    "What a parameter's value should be, judged by the notebook's default, or None when it fits (an int fits a float; None fits anything)."
+    if default is None or value is None and isinstance(default, str): return None
+    if isinstance(default, bool) or isinstance(value, bool): return None if isinstance(value, bool) == isinstance(default, bool) else type(default).__name__
+    if isinstance(default, float): return None if isinstance(value, (int, float)) else 'a number'
+    return None if isinstance(value, type(default)) else {'list': 'a list', 'dict': 'a mapping', 'str': 'a string', 'int': 'an integer'}.get(type(default).__name__, type(default).__name__)
 
 # %% ../nbs/01_runner.ipynb #d492d0c8
 class _no_bars_in_kernel:
@@ -198,11 +209,34 @@ def _keep_failed(lay, name, variant, work:Path) -> Path:
 # %% ../nbs/01_runner.ipynb #a09a4e88
 def run_all(scale:str='default',        # smoke | default | paper
             force:bool=False, layout:Layout|None=None, progress:bool=True, log=print) -> list[dict]:
-    "Run every experiment at one scale (variant `smoke` = notebook defaults; others from params/<name>/<scale>.yaml)."
+    "Run every experiment at one scale (variant `smoke` = notebook defaults; others from params/<name>/<scale>.yaml); ends with `run_table`."
     if scale not in ('smoke', 'default', 'paper'): raise ClawError(f'unknown scale {scale!r}; use smoke, default or paper', field='--scale')
     lay = layout or Layout(); runs = []
     for name in lay.names():
         if scale != 'smoke' and not (lay.params/name/f'{scale}.yaml').exists():
             log(f'{name}: no params/{name}/{scale}.yaml, skipped'); continue
+        needs = _literal_assignments(''.join((_tagged_cell(_load_nb(lay.notebook(name)), 'artifacts') or {}).get('source', '')), name).get('NEEDS_DATA', [])
+        if (why := next((m for m in map(missing_data, needs) if m), None)):
+            log(f'{name}: skipped: {why}'); runs.append({'experiment': name, 'variant': scale, 'skipped': why}); continue
         runs.append(run_experiment(name, variant=scale, force=force, layout=lay, progress=progress, log=log))
+    log(run_table(runs, lay))
     return runs
+
+def _headline(v) -> str:
+    if isinstance(v, float): return f'{v:.3g}'
+    if isinstance(v, list) and all(isinstance(x, (int, float)) for x in v): return '/'.join(f'{x:.3g}' if isinstance(x, float) else str(x) for x in v)
+    return str(v)
+
+def run_table(runs:list, layout:Layout|None=None) -> str:
+    "A text table: experiment, variant, ran or skipped, wall time, the headline numbers each notebook names (`HEADLINE`), its figures."
+    lay = layout or Layout(); lines = ['experiment | variant | run | wall s | headline | figures', '---|---|---|---|---|---']
+    for r in runs:
+        name, var = r['experiment'], r['variant']; folder = lay.results/name/var
+        nb_vars = _literal_assignments(''.join((_tagged_cell(_load_nb(lay.notebook(name)), 'artifacts') or {}).get('source', '')), name)
+        ran = r.get('skipped') in (None, False, True)       # ran now, or an identical finished run
+        m = json.loads((folder/'metrics.json').read_text()) if ran and (folder/'metrics.json').is_file() else {}
+        head = ', '.join(f'{k} {_headline(m[k])}' for k in nb_vars.get('HEADLINE', []) if k in m)
+        figs = ' '.join(os.path.relpath(folder/a, lay.results.parent) for a in r.get('artifacts') or [] if a.startswith('figures/'))
+        how = 'ran' if not r.get('skipped') else 'skipped (unchanged)' if r.get('skipped') is True else 'skipped: missing data'
+        lines.append(f"{name} | {var} | {how} | {r.get('wall_s', '')} | {head} | {figs}")
+    return '\n'.join(lines)

@@ -9,26 +9,20 @@ import subprocess, sys
 from pathlib import Path
 import pytest
 from conftest import enabled_flags, FLAGS
-from clawgym_nb.core.basics import missing_data
 
 ROOT = Path(__file__).resolve().parents[1]
-# Experiments that exist to run on the reference data (library notebooks skip their real-data cells themselves)
-NEEDS_DATA = {'experiments/walkthrough.ipynb': 'pinchbench'}
 NOTEBOOKS = sorted(p for p in (ROOT/'nbs').rglob('*.ipynb')
                    if not any(part.startswith(('_', '.')) for part in p.relative_to(ROOT/'nbs').parts))
+# The experiments run once each through the runner (tests/test_experiments.py: `run-all --scale smoke`), into results/
+LIBRARY = [p for p in NOTEBOOKS if p.relative_to(ROOT/'nbs').parts[0] != 'experiments']
 
 
-@pytest.mark.parametrize('nb', NOTEBOOKS, ids=[str(p.relative_to(ROOT/'nbs')) for p in NOTEBOOKS])
+@pytest.mark.parametrize('nb', LIBRARY, ids=[str(p.relative_to(ROOT/'nbs')) for p in LIBRARY])
 def test_notebook(nb, request):
-    data = NEEDS_DATA.get(str(nb.relative_to(ROOT/'nbs')))
-    if data is not None and missing_data(data): pytest.skip(missing_data(data))
     skip = sorted(set(FLAGS) - enabled_flags(request.config))
     r = subprocess.run([sys.executable, str(ROOT/'tests'/'notebooks.py'), '--skip', ','.join(skip), str(nb)], capture_output=True, text=True)
     assert r.returncode == 0, f'{nb.relative_to(ROOT)} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}'
 
-
-
-LIBRARY = [p for p in NOTEBOOKS if p.relative_to(ROOT/'nbs').parts[0] != 'experiments']   # experiments run into results/
 
 
 @pytest.mark.parametrize('nb', LIBRARY, ids=[str(p.relative_to(ROOT/'nbs')) for p in LIBRARY])

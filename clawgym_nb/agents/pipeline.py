@@ -14,8 +14,8 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['content_digest', 'arm_key', 'code_digest', 'arms_root', 'task_pools', 'teacher_data', 'episode_behaviour', 'sft_arm',
-           'eval_arm']
+__all__ = ['content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
+           'episode_behaviour', 'sft_arm', 'eval_arm']
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
 # Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
@@ -40,6 +40,11 @@ def code_digest() -> str:
     "16 hex digits over the library's source: an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
     return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(pkg.rglob('*.py')) if f.name != '_modidx.py'})
+
+def sft_data_key(rollouts_key:dict, sft_path:str|Path) -> dict:
+    "What an SFT file was made from: the rollouts' key and which trajectories it keeps with what weight (two cuts that keep the same ones share an arm)."
+    kept = [(r['task_id'], r['reward'], r.get('weight', 1.0)) for r in read_jsonl(sft_path)]
+    return {**rollouts_key, 'kept': arm_key(kept=kept), 'n': len(kept)}
 
 def arms_root(root:str|Path|None=None) -> Path:
     "Where shared arms live: `root`, or `results/.arms` of the project."
@@ -90,7 +95,7 @@ def teacher_data(train_dir:str|Path,        # Training task store
     return {'teacher': teacher, 'trajectories': len(recs), 'teacher_mean_reward': summ['mean_reward'], 'kept': kept['n'],
             'threshold': threshold, 'sft_path': kept['path'], 'sweep': sweep, 'tags': summ.get('tags'),
             'rollouts_path': str(out/'rollouts'/'trajectories.jsonl'), 'rollouts_key': made_from,   # what an SFT arm on them is keyed on
-            'data_key': {**made_from, 'threshold': threshold}}
+            'data_key': sft_data_key(made_from, kept['path'])}
 
 # %% ../../nbs/agents/07_pipeline.ipynb #e0b16424
 import re

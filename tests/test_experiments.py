@@ -1,0 +1,75 @@
+"""Every experiment once at the smoke scale through the runner (`clawgym-nb run-all --scale smoke`, as `make smoke`
+runs it), then checks on what each wrote: the artifacts exist and hold sane values, not only that the notebooks ran.
+The smoke scale is mechanics (the `tiny` student, a handful of tasks); results/*/smoke is git-ignored."""
+import json, math, subprocess, sys
+from pathlib import Path
+import pandas as pd
+import pytest
+from clawgym_nb.core.basics import missing_data
+from clawgym_nb.runner import Layout, notebook_artifacts
+
+ROOT = Path(__file__).resolve().parents[1]
+LAY = Layout(ROOT)
+
+
+@pytest.fixture(scope='module')
+def smoke_run():
+    "One `run-all --scale smoke --force` for the whole module: (its printed output, {experiment: results folder})."
+    p = subprocess.run([str(Path(sys.executable).parent/'clawgym-nb'), 'run-all', '--scale', 'smoke', '--force', '--no-progress'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, f'run-all --scale smoke failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}'
+    return p.stdout, {n: ROOT/'results'/n/'smoke' for n in LAY.names()}
+
+
+def metrics(folders, name):
+    if name == 'walkthrough' and missing_data('pinchbench'): pytest.skip(missing_data('pinchbench'))
+    return json.loads((folders[name]/'metrics.json').read_text())
+
+
+def test_every_experiment_ran_with_its_artifacts_and_the_table(smoke_run):
+    out, folders = smoke_run
+    table = out[out.index('experiment | variant | run'):]
+    for name, folder in folders.items():
+        if name == 'walkthrough' and missing_data('pinchbench'): assert 'walkthrough | smoke | skipped: missing data' in table; continue
+        assert f'{name} | smoke | ran' in table, table
+        run = json.loads((folder/'run.json').read_text())
+        assert run['status'] == 'complete' and run['variant'] == 'smoke'
+        for a in notebook_artifacts(LAY.notebook(name)): assert (folder/a).exists(), f'{name}: {a} missing'
+        for fig in (folder/'figures').glob('*.png'): assert fig.stat().st_size > 10_000, f'{fig} looks empty'
+
+
+def test_agents_scores_and_shared_arms(smoke_run):
+    m = metrics(smoke_run[1], 'agents')
+    assert 0 < m['teacher_mean'] <= 1 and 0 <= m['untrained_mean'] <= 1 and len(m['sft_means']) == 2
+    assert all(0 <= x <= 1 for x in m['sft_means']) and m['kept_above_threshold'] <= m['trajectories']
+    assert set(m['arm_dirs']) == {'teacher', 'untrained', 'sft_seed0', 'sft_seed1'} and all((ROOT/d/'scores.jsonl').is_file() for d in m['arm_dirs'].values())
+
+
+def test_threshold_sweep_cuts_and_the_shared_half_arm(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'threshold_sweep')
+    cuts = pd.DataFrame(m['cuts'])
+    assert list(cuts.threshold) == m['thresholds'] and cuts.kept.is_monotonic_decreasing and (cuts.tasks_covered <= cuts.kept).all()
+    arms = pd.read_csv(folders['threshold_sweep']/'tables'/'arms.csv')
+    assert len(arms) == (len(m['thresholds']) + 1) * len(m['seeds']) and arms['mean'].between(0, 1).all()
+    half = arms[arms.threshold == 0.5]
+    assert half.reused.all(), 'the 0.5 arm should be the agents experiment\'s SFT arm, read back, not trained again'
+    assert m['untrained_mean'] == metrics(folders, 'agents')['untrained_mean']
+
+
+def test_behaviour_found_the_agents_arms(smoke_run):
+    m = metrics(smoke_run[1], 'behavior_analysis')
+    assert m['missing_arms'] == [] and m['n_episodes'] > 0 and m['disagreements'] >= 0
+    rates = pd.DataFrame(m['rates'])
+    assert {'teacher', 'untrained', 'sft_seed0'} <= set(rates.policy)
+
+
+def test_grpo_steps_are_finite(smoke_run):
+    m = metrics(smoke_run[1], 'grpo')
+    assert m['steps'] > 0 and math.isfinite(m['reward_first5']) and math.isfinite(m['reward_last5']) and m['infra_failed'] == 0
+
+
+def test_synthesis_and_walkthrough(smoke_run):
+    s = metrics(smoke_run[1], 'synthesis')
+    assert s['kept'] > 0 and 0 < s['distinct_3'] <= 1
+    w = metrics(smoke_run[1], 'walkthrough')
+    assert w['gold_mean'] == 1.0 and w['noop_mean'] == 0.0
