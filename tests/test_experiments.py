@@ -73,3 +73,13 @@ def test_synthesis_and_walkthrough(smoke_run):
     assert s['kept'] > 0 and 0 < s['distinct_3'] <= 1
     w = metrics(smoke_run[1], 'walkthrough')
     assert w['gold_mean'] == 1.0 and w['noop_mean'] == 0.0
+
+
+def test_synthesis_ablation_equal_data_per_route(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'synthesis_ablation')
+    data = pd.DataFrame(m['data'])
+    assert list(data.route) == m['routes'] and data.trained_on.nunique() == 1 and (data.trained_on <= data.kept_above_threshold).all()
+    assert set(m['route_means']) == set(m['routes']) and all(0 <= v <= 1 for v in m['route_means'].values())
+    assert m['best_route'] in m['routes'] and isinstance(m['mixed_beats_both'], bool)
+    per_cat = pd.read_csv(folders['synthesis_ablation']/'tables'/'per_category.csv')
+    assert per_cat.n_tasks.sum() == m['n_bench']

@@ -59,20 +59,23 @@ def task_pools(out_dir:str|Path,           # Writes tasks/train, tasks/pool (ben
                operations:list|None=None,  # Draw only these atomic operations (None or empty: all)
                bench_pool_factor:float=2.0,  # Candidates per benchmark slot (difficulty filtering drops some)
                bench_policies:tuple|list=('scripted:teacher-strong', 'scripted:teacher-weak'),
+               train_routes:tuple|list=('mixed',),  # Training pools by synthesis route: `mixed` in tasks/train, others in tasks/train_<route>
                provider:str='auto', workers:int=2, log=print) -> dict:
-    "Synthesise the training pool and an unseen candidate pool, and build the held-out benchmark from the latter."
+    "Synthesise the training pool(s) and an unseen candidate pool (mixed), and build the held-out benchmark from the latter."
     out = Path(out_dir)
     train, pool, bench = out/'tasks'/'train', out/'tasks'/'pool', out/'bench'
     q = lambda *a: None
     ops = list(operations) if operations else None   # synthesize checks and sorts the names
-    synthesize('mixed', n_train, seed, train, n_ops=tuple(n_ops), operations=ops, provider=provider, workers=workers, progress=False, log=q)
+    trains = {r: train if r == 'mixed' else out/'tasks'/f'train_{r}' for r in train_routes}
+    for r, d in trains.items():
+        synthesize(r, n_train, seed, d, n_ops=tuple(n_ops), operations=ops, provider=provider, workers=workers, progress=False, log=q)
     synthesize('mixed', max(n_bench, int(n_bench * bench_pool_factor)), seed + 1000, pool, n_ops=tuple(n_ops), operations=ops, provider=provider,
                workers=workers, progress=False, log=q)
     man = build_benchmark(pool, list(bench_policies), n=n_bench, out_dir=bench, provider=provider, workers=workers,
-                          train_dirs=[train], seed=seed, log=q)
+                          train_dirs=list(trains.values()), seed=seed, log=q)   # no content shared with any training pool
     bench_tasks = load_tasks(bench/'tasks')
     if not bench_tasks: raise ClawError('the benchmark is empty (every candidate was dropped)', file=str(bench), field='n_bench')
-    info = {'train_dir': str(train), 'bench_dir': str(bench/'tasks'), 'n_train': len(load_tasks(train)), 'n_bench': len(bench_tasks),
+    info = {'train_dir': str(trains.get('mixed') or next(iter(trains.values()))), 'train_dirs': {r: str(d) for r, d in trains.items()}, 'bench_dir': str(bench/'tasks'), 'n_train': len(load_tasks(trains[train_routes[0]])), 'n_bench': len(bench_tasks),
             'bench_dropped': man.get('dropped'), 'bench_policies': list(bench_policies), 'operations': ops or 'all'}
     log(f"pools: {info['n_train']} training tasks, {info['n_bench']} benchmark tasks (unseen seed, no content overlap)")
     return info
