@@ -21,8 +21,11 @@ def smoke_run():
     return p.stdout, {n: ROOT/'results'/n/'smoke' for n in LAY.names()}
 
 
+NEEDS_PINCHBENCH = {'walkthrough', 'pinchbench_eval'}   # their NEEDS_DATA
+
+
 def metrics(folders, name):
-    if name == 'walkthrough' and missing_data('pinchbench'): pytest.skip(missing_data('pinchbench'))
+    if name in NEEDS_PINCHBENCH and missing_data('pinchbench'): pytest.skip(missing_data('pinchbench'))
     return json.loads((folders[name]/'metrics.json').read_text())
 
 
@@ -30,7 +33,7 @@ def test_every_experiment_ran_with_its_artifacts_and_the_table(smoke_run):
     out, folders = smoke_run
     table = out[out.index('experiment | variant | run'):]
     for name, folder in folders.items():
-        if name == 'walkthrough' and missing_data('pinchbench'): assert 'walkthrough | smoke | skipped: missing data' in table; continue
+        if name in NEEDS_PINCHBENCH and missing_data('pinchbench'): assert f'{name} | smoke | skipped: missing data' in table; continue
         assert f'{name} | smoke | ran' in table, table
         run = json.loads((folder/'run.json').read_text())
         assert run['status'] == 'complete' and run['variant'] == 'smoke'
@@ -83,3 +86,16 @@ def test_synthesis_ablation_equal_data_per_route(smoke_run):
     assert m['best_route'] in m['routes'] and isinstance(m['mixed_beats_both'], bool)
     per_cat = pd.read_csv(folders['synthesis_ablation']/'tables'/'per_category.csv')
     assert per_cat.n_tasks.sum() == m['n_bench']
+
+
+def test_pinchbench_eval_scores_what_it_can(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'pinchbench_eval')
+    per_task = pd.read_csv(folders['pinchbench_eval']/'tables'/'per_task.csv')
+    assert m['missing_policies'] == [] and m['infra_errors'] == 0 and not set(m['excluded']) & set(per_task.task_id)
+    assert len(per_task) == m['n_tasks'] * len(m['policies']) and per_task.final_score.dropna().between(0, 1).all()
+    judged = per_task[per_task.grading_type == 'llm_judge']
+    assert len(judged) and judged.final_score.isna().all() and judged.rubric_skipped.eq('no judge configured').all()   # no judge in the smoke run
+    hybrid = per_task[per_task.grading_type == 'hybrid']
+    assert hybrid.final_score.notna().all() and (hybrid.final_score == hybrid.code_score).all()    # code part alone, weights renormalised
+    sanity = per_task[per_task.task_id == 'task_00_sanity']
+    assert (sanity.final_score == 1.0).all()    # any reply passes PinchBench's sanity check

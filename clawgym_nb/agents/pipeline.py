@@ -151,10 +151,11 @@ def eval_arm(bench_dir:str|Path,       # Benchmark task store
              workers:int=1,            # Episodes in parallel (speed only: not part of the key)
              **kw) -> dict:            # `evaluate` settings that decide scores (provider, max_turns, max_wall_s, ...)
     "Play `policy` once per (code, benchmark bytes, policy, settings) into `<root>/eval/<key>`: mean, solved share, errors, times."
-    key = arm_key(kind='eval', code=code_digest(), bench=content_digest(bench_dir), policy=policy, **kw)
+    judge = kw.get('judge'); named = {**kw, 'judge': f'{judge.model}@{judge.base_url}'} if judge is not None else kw   # a judge by its model and endpoint
+    key = arm_key(kind='eval', code=code_digest(), bench=content_digest(bench_dir), policy=policy, **named)
     out = arms_root(root)/'eval'/key; done = out/'arm.json'
     if done.is_file(): return {**json.loads(done.read_text()), 'reused': True}
-    atomic_write_json(out/'inputs.json', {'bench': str(bench_dir), 'policy': policy, **kw})
+    atomic_write_json(out/'inputs.json', {'bench': str(bench_dir), 'policy': policy, **named})
     t0 = time.time()
     try: evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
     except ClawError as e:      # scores of other weights under the same model folder: moved aside, played again
