@@ -13,7 +13,7 @@ from .core.basics import (ClawError, atomic_write_json, atomic_write_text, git_c
 
 # %% auto #0
 __all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
-           'resolve_parameters', 'run_experiment', 'run_all', 'run_table']
+           'resolve_parameters', 'notebook_digest', 'run_experiment', 'run_all', 'run_order', 'run_table']
 
 # %% ../nbs/01_runner.ipynb #5e4d3a66
 def _tagged_cell(nb:dict, tag:str):
@@ -139,6 +139,11 @@ def _publishable(executed:Path, work:Path, final:str, root:Path) -> None:
     atomic_write_text(executed, json.dumps(sanitise_outputs(nb), indent=1, ensure_ascii=False) + '\n')
 
 # %% ../nbs/01_runner.ipynb #dc959dd4
+def notebook_digest(nb_path:str|Path) -> str:
+    "sha256 of the notebook's code cells (not its outputs or prose): a changed cell reruns the experiment."
+    cells = _load_nb(Path(nb_path))['cells']
+    return hashlib.sha256('\n\0'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'code').encode()).hexdigest()[:16]
+
 def _digest(params:dict) -> str:
     return hashlib.sha256(json.dumps({k: v for k, v in params.items() if k != 'out_dir'}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -152,7 +157,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
                    layout:Layout|None=None,         # Where things live
                    progress:bool=True,              # Papermill's per-cell progress bar
                    log=print) -> dict:
-    "Run one experiment notebook with papermill into results/<name>/<variant>/; returns its run.json."
+    "Run one experiment notebook with papermill into results/<name>/<variant>/; returns its run.json (skipped: the same parameters and notebook code finished before)."
     import papermill as pm
     lay = layout or Layout()
     variant, params, src = resolve_parameters(name, variant, params_file, sets, lay)
@@ -160,7 +165,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     done = final/'run.json'
     if done.exists() and not force:
         prev = json.loads(done.read_text())
-        if prev.get('status') == 'complete' and prev.get('params_digest') == _digest(params):
+        if prev.get('status') == 'complete' and prev.get('params_digest') == _digest(params) and prev.get('notebook_digest') == notebook_digest(lay.notebook(name)):
             log(f'{name}/{variant}: identical finished run in {final} (use --force to re-run)'); return {**prev, 'skipped': True}
     (lay.results/name).mkdir(parents=True, exist_ok=True)
     for stale in (lay.results/name).glob(f'.{variant}.partial-*'): shutil.rmtree(stale, ignore_errors=True)
@@ -170,7 +175,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     rel = lambda p: os.path.relpath(p, lay.results.parent) if p else None   # paths in run.json relative to the project
     run = {'experiment': name, 'variant': variant, 'status': 'running', 'params_file': rel(src),
            'parameters': {**params, 'out_dir': rel(final)},
-           'params_digest': _digest(params), 'notebook': str(nb.relative_to(nb.parents[2])) if len(nb.parents) > 2 else str(nb),
+           'params_digest': _digest(params), 'notebook_digest': notebook_digest(lay.notebook(name)), 'notebook': str(nb.relative_to(nb.parents[2])) if len(nb.parents) > 2 else str(nb),
            'git_commit': git_commit(), 'packages': package_versions(), 'machine': machine_info(), 'started': _now()}
     t0 = time.time()
     log(f'{name}/{variant}: running {nb.name} -> {final}')
@@ -212,15 +217,33 @@ def run_all(scale:str='default',        # smoke | default | paper
     "Run every experiment at one scale (variant `smoke` = notebook defaults; others from params/<name>/<scale>.yaml); ends with `run_table`."
     if scale not in ('smoke', 'default', 'paper'): raise ClawError(f'unknown scale {scale!r}; use smoke, default or paper', field='--scale')
     lay = layout or Layout(); runs = []
-    for name in lay.names():
+    for name in run_order(lay):
         if scale != 'smoke' and not (lay.params/name/f'{scale}.yaml').exists():
             log(f'{name}: no params/{name}/{scale}.yaml, skipped'); continue
-        needs = _literal_assignments(''.join((_tagged_cell(_load_nb(lay.notebook(name)), 'artifacts') or {}).get('source', '')), name).get('NEEDS_DATA', [])
+        needs = _declared(lay, name, 'NEEDS_DATA')
         if (why := next((m for m in map(missing_data, needs) if m), None)):
             log(f'{name}: skipped: {why}'); runs.append({'experiment': name, 'variant': scale, 'skipped': why}); continue
         runs.append(run_experiment(name, variant=scale, force=force, layout=lay, progress=progress, log=log))
     log(run_table(runs, lay))
     return runs
+
+def _declared(lay:Layout, name:str, key:str) -> list:
+    "A list the experiment's `artifacts` cell declares (`HEADLINE`, `NEEDS_DATA`, `AFTER`), else []."
+    cell = _tagged_cell(_load_nb(lay.notebook(name)), 'artifacts')
+    return list(_literal_assignments(''.join(cell['source']), name).get(key, [])) if cell else []
+
+def run_order(layout:Layout|None=None) -> list[str]:
+    "Experiments in name order, except that one declaring `AFTER = [...]` runs after those (it reads their results)."
+    lay = layout or Layout(); names = lay.names(); done, order = set(), []
+    def visit(n, path=()):
+        if n in done: return
+        if n in path: raise ClawError(f'experiments wait on each other: {" -> ".join(path + (n,))}', field='AFTER')
+        for m in _declared(lay, n, 'AFTER'):
+            if m not in names: raise ClawError(f'{n} runs after {m!r}, which is not an experiment', file=lay.notebook(n), field='AFTER')
+            visit(m, path + (n,))
+        done.add(n); order.append(n)
+    for n in names: visit(n)
+    return order
 
 def _headline(v) -> str:
     if isinstance(v, float): return f'{v:.3g}'
@@ -232,10 +255,9 @@ def run_table(runs:list, layout:Layout|None=None) -> str:
     lay = layout or Layout(); lines = ['experiment | variant | run | wall s | headline | figures', '---|---|---|---|---|---']
     for r in runs:
         name, var = r['experiment'], r['variant']; folder = lay.results/name/var
-        nb_vars = _literal_assignments(''.join((_tagged_cell(_load_nb(lay.notebook(name)), 'artifacts') or {}).get('source', '')), name)
         ran = r.get('skipped') in (None, False, True)       # ran now, or an identical finished run
         m = json.loads((folder/'metrics.json').read_text()) if ran and (folder/'metrics.json').is_file() else {}
-        head = ', '.join(f'{k} {_headline(m[k])}' for k in nb_vars.get('HEADLINE', []) if k in m)
+        head = ', '.join(f'{k} {_headline(m[k])}' for k in _declared(lay, name, 'HEADLINE') if k in m)
         figs = ' '.join(os.path.relpath(folder/a, lay.results.parent) for a in r.get('artifacts') or [] if a.startswith('figures/'))
         how = 'ran' if not r.get('skipped') else 'skipped (unchanged)' if r.get('skipped') is True else 'skipped: missing data'
         lines.append(f"{name} | {var} | {how} | {r.get('wall_s', '')} | {head} | {figs}")

@@ -99,3 +99,20 @@ def test_pinchbench_eval_scores_what_it_can(smoke_run):
     assert hybrid.final_score.notna().all() and (hybrid.final_score == hybrid.code_score).all()    # code part alone, weights renormalised
     sanity = per_task[per_task.task_id == 'task_00_sanity']
     assert (sanity.final_score == 1.0).all()    # any reply passes PinchBench's sanity check
+
+
+def test_rl_curves_points_and_variance(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'rl_curves')
+    assert m['points_per_curve'] >= 6 and set(m['final_means']) == set(m['starts']) and m['infra_failed'] == 0
+    steps = pd.read_csv(folders['rl_curves']/'tables'/'steps.csv')
+    assert len(steps) == len(m['starts']) * len(m['seeds']) * m['steps'] and steps.zero_variance_share.between(0, 1).all()
+    pool = pd.DataFrame(m['rl_pool'])
+    assert ((pool.rl_pool == pool.partly) | pool.fallback_to_all).all() and (pool.candidates > 0).all()
+
+
+def test_paper_tables_give_a_verdict_per_trend(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'paper_tables')
+    assert len(m['verdicts']) == 6 and set(m['verdicts'].values()) <= {'agrees', 'disagrees', 'no signal', 'partly', 'not run'}
+    assert m['not_run'] == [] or missing_data('pinchbench')   # run after every experiment it reads (AFTER)
+    table = pd.read_csv(folders['paper_tables']/'tables'/'paper_vs_this_run.csv')
+    assert (table.scale == 'smoke').all() and table.paper.notna().all()

@@ -37,9 +37,9 @@ def arm_key(**inputs) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 def code_digest() -> str:
-    "16 hex digits over the library's source: an arm is reused only by the code that built it."
+    "16 hex digits over the source of the layers (core, env, syndata, agents): an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
-    return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(pkg.rglob('*.py')) if f.name != '_modidx.py'})
+    return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(pkg.glob('*/*.py'))})   # the layers, not the runner or the CLI
 
 def sft_data_key(rollouts_key:dict, sft_path:str|Path) -> dict:
     "What an SFT file was made from: the rollouts' key and which trajectories it keeps with what weight (two cuts that keep the same ones share an arm)."
