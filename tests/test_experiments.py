@@ -69,6 +69,7 @@ def test_behaviour_found_the_agents_arms(smoke_run):
 def test_grpo_steps_are_finite(smoke_run):
     m = metrics(smoke_run[1], 'grpo')
     assert m['steps'] > 0 and math.isfinite(m['reward_first5']) and math.isfinite(m['reward_last5']) and m['infra_failed'] == 0
+    assert m['start'] == metrics(smoke_run[1], 'agents')['sft_models']['sft_seed0']   # the agents experiment's SFT arm, shared
 
 
 def test_synthesis_and_walkthrough(smoke_run):
