@@ -161,11 +161,11 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     import papermill as pm
     lay = layout or Layout()
     variant, params, src = resolve_parameters(name, variant, params_file, sets, lay)
-    final = lay.results/name/variant
+    final, nb_digest = lay.results/name/variant, notebook_digest(lay.notebook(name))
     done = final/'run.json'
     if done.exists() and not force:
         prev = json.loads(done.read_text())
-        if prev.get('status') == 'complete' and prev.get('params_digest') == _digest(params) and prev.get('notebook_digest') == notebook_digest(lay.notebook(name)):
+        if prev.get('status') == 'complete' and prev.get('params_digest') == _digest(params) and prev.get('notebook_digest') == nb_digest:
             log(f'{name}/{variant}: identical finished run in {final} (use --force to re-run)'); return {**prev, 'skipped': True}
     (lay.results/name).mkdir(parents=True, exist_ok=True)
     for stale in (lay.results/name).glob(f'.{variant}.partial-*'): shutil.rmtree(stale, ignore_errors=True)
@@ -175,7 +175,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     rel = lambda p: os.path.relpath(p, lay.results.parent) if p else None   # paths in run.json relative to the project
     run = {'experiment': name, 'variant': variant, 'status': 'running', 'params_file': rel(src),
            'parameters': {**params, 'out_dir': rel(final)},
-           'params_digest': _digest(params), 'notebook_digest': notebook_digest(lay.notebook(name)), 'notebook': str(nb.relative_to(nb.parents[2])) if len(nb.parents) > 2 else str(nb),
+           'params_digest': _digest(params), 'notebook_digest': nb_digest, 'notebook': str(nb.relative_to(nb.parents[2])) if len(nb.parents) > 2 else str(nb),
            'git_commit': git_commit(), 'packages': package_versions(), 'machine': machine_info(), 'started': _now()}
     t0 = time.time()
     log(f'{name}/{variant}: running {nb.name} -> {final}')

@@ -157,11 +157,12 @@ def eval_arm(bench_dir:str|Path,       # Benchmark task store
     if done.is_file(): return {**json.loads(done.read_text()), 'reused': True}
     atomic_write_json(out/'inputs.json', {'bench': str(bench_dir), 'policy': policy, **named})
     t0 = time.time()
-    try: evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
+    play = lambda: evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
+    try: play()
     except ClawError as e:      # scores of other weights under the same model folder: moved aside, played again
         if e.field not in ('weights', 'policy'): raise
         for f in ('scores.jsonl', 'policy.json'): (out/f).rename(out/f'{f}.stale-{int(t0)}')
-        evaluate(bench_dir, policy, out, workers=workers, progress=False, log=lambda *a: None, **kw)
+        play()
     recs = read_jsonl(out/'scores.jsonl'); scores = [r['final_score'] for r in recs if r['final_score'] is not None]
     arm = {'key': key, 'policy': policy, 'dir': str(out), 'n': len(scores), 'errors': len(recs) - len(scores),
            'mean': round(sum(scores) / len(scores), 4) if scores else None,
