@@ -19,7 +19,7 @@ __all__ = ['content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_roo
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
 # Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
-import hashlib, importlib.util, time
+import functools, hashlib, importlib.util, time
 from ..core.basics import project_root, atomic_write_json, read_jsonl
 
 def content_digest(path:str|Path,
@@ -36,6 +36,7 @@ def arm_key(**inputs) -> str:
     "16 hex digits of the sha256 of the inputs as sorted JSON."
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+@functools.cache          # once per process: the source does not change under a running experiment
 def code_digest() -> str:
     "16 hex digits over the source of the layers (core, env, syndata, agents): an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
@@ -127,7 +128,7 @@ def episode_behaviour(eval_dir:str|Path, tasks:list) -> dict:
             'stop_reasons': dict(Counter(r.get('stop_reason') for r in recs))}
 
 # %% ../../nbs/agents/07_pipeline.ipynb #72336e1d
-from ..env.evaluate import evaluate
+from ..env.evaluate import evaluate, summarise
 from .sft import train_sft_isolated
 
 def sft_arm(model:str,                 # Base model: rung name or model folder
@@ -164,8 +165,9 @@ def eval_arm(bench_dir:str|Path,       # Benchmark task store
         for f in ('scores.jsonl', 'policy.json'): (out/f).rename(out/f'{f}.stale-{int(t0)}')
         play()
     recs = read_jsonl(out/'scores.jsonl'); scores = [r['final_score'] for r in recs if r['final_score'] is not None]
-    arm = {'key': key, 'policy': policy, 'dir': str(out), 'n': len(scores), 'errors': len(recs) - len(scores),
-           'mean': round(sum(scores) / len(scores), 4) if scores else None,
+    summ = summarise(recs)      # the same mean as every other evaluation report
+    arm = {'key': key, 'policy': policy, 'dir': str(out), 'n': summ['n_scored'], 'errors': summ['n_tasks'] - summ['n_scored'],
+           'mean': summ['mean_final'],
            'solved_share': round(sum(1 for x in scores if x >= 1) / len(scores), 4) if scores else None,
            'eval_s': round(time.time() - t0, 1), 'episode_wall_max_s': round(max((r['wall_s'] or 0) for r in recs), 1) if recs else None}
     atomic_write_json(done, arm)    # written last: an interrupted evaluation has no arm.json and resumes in `evaluate`
