@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from clawgym_nb.core.basics import missing_data
-from clawgym_nb.runner import Layout, notebook_artifacts
+from clawgym_nb.runner import Layout, notebook_artifacts, notebook_parameters
 
 ROOT = Path(__file__).resolve().parents[1]
 LAY = Layout(ROOT)
@@ -19,6 +19,14 @@ def smoke_run():
                        cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, f'run-all --scale smoke failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}'
     return p.stdout, {n: ROOT/'results'/n/'smoke' for n in LAY.names()}
+
+
+@pytest.mark.parametrize('name', LAY.names())
+def test_papermill_reads_every_parameter(name):
+    "papermill's own reader (which drops a line with a second `=`, even in a comment) sees the runner's parameters."
+    import papermill
+    nb = LAY.notebook(name)
+    assert set(papermill.inspect_notebook(str(nb))) == set(notebook_parameters(nb))
 
 
 NEEDS_PINCHBENCH = {'walkthrough', 'pinchbench_eval'}   # their NEEDS_DATA
