@@ -15,7 +15,7 @@ from .sft import save_model
 from .models import model_fingerprint, load_model, rung_label
 
 # %% auto #0
-__all__ = ['group_advantages', 'outcome_reward', 'grpo_loss', 'grpo_train']
+__all__ = ['group_advantages', 'outcome_reward', 'clipped_surrogate', 'grpo_loss', 'grpo_train']
 
 # %% ../../nbs/agents/06_grpo.ipynb #67cbbbeb
 def group_advantages(rewards:list,          # Rewards of one group; None = the episode failed for infrastructure reasons
@@ -32,6 +32,14 @@ def outcome_reward(record:dict) -> float|None:
     x = record.get('code_score')
     if x is None: return None
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else 0.0
+
+# %% ../../nbs/agents/06_grpo.ipynb #97d69385
+def clipped_surrogate(ratio,                    # exp(log pi - log pi_old) per token (a tensor)
+                      advantage,                # the advantage each token is pushed by (broadcast against ratio)
+                      clip_low:float=0.2, clip_high:float=0.28):
+    "PPO's pessimistic clipped objective, negated as a loss: max(-A rho, -A clip(rho, 1 - lo, 1 + hi)), per element."
+    import torch
+    return -torch.min(ratio * advantage, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage)
 
 # %% ../../nbs/agents/06_grpo.ipynb #2414eb99
 def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine log-probs])]: mask 1 on generated tokens
@@ -55,7 +63,7 @@ def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine l
         logp = selective_log_softmax(logits, ids[:, 1:])
         old = logp.detach() if old_logps is None else torch.tensor([o + [0.0] * (width - 1 - len(o)) for o in old_logps[b:b + micro_batch]], device=dev)
         ratio = torch.exp(logp - old)
-        per_tok = -torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv)
+        per_tok = clipped_surrogate(ratio, adv, clip_low, clip_high)
         loss = (per_tok * gen).sum() / n_tok
         if backward: loss.backward()
         with torch.no_grad():
