@@ -268,7 +268,7 @@ def register_policy_kind(kind:str,          # The spec prefix, e.g. `student` fo
     POLICY_KINDS[kind] = {'make': make, 'weights': weights, 'usage': usage}
 
 # Kinds that a higher layer registers when it is imported: named in the error a process that has not imported it gets.
-REGISTERED_BY = {'student': 'clawgym_nb.agents.student', 'scripted:teacher': 'clawgym_nb.agents.teachers'}
+REGISTERED_BY = {'student': 'clawgym_nb.agents.student', 'scripted:teacher': 'clawgym_nb.agents.teachers', 'judge': 'clawgym_nb.online.judges'}
 
 def make_policy(spec:str,        # `noop`, `scripted:NAME`, `openai:MODEL@BASE_URL`, `hf:PATH`, or a registered kind such as `student:MODEL`
                 task=None,       # The task of the episode (scripted policies pick their steps from it)
