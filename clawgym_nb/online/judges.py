@@ -61,7 +61,7 @@ def rule_judgement(kind:str, prompt:str) -> str:
     if kind == 'prm':
         score = -1 if fixes else 1 if THANKS.search(state) else 0
         return f"The user {'asks for a change' if score < 0 else 'is satisfied' if score else 'gives no clear signal'}. \\boxed{{{score}}}"
-    return f"The user corrects the reply. \\boxed{{1}} [HINT_START]The user said: {' '.join(fixes)}[HINT_END]" if fixes else 'No correction. \\boxed{-1}'
+    return f"The user corrects the reply. \\boxed{{1}} [HINT_START]The user said: {' '.join(fixes[:3])}[HINT_END]" if fixes else 'No correction. \\boxed{-1}'
 
 class RuleJudge:
     "The offline judge as a policy (`judge:rules`): reads which judge it is from the system prompt, answers by `rule_judgement`."
