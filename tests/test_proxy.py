@@ -247,4 +247,31 @@ def test_upstream_from_env_and_missing_upstream(upstream, monkeypatch):
     monkeypatch.setenv('CLAWGYM_UPSTREAM_API_KEY', 'k-env')
     with RecordingProxy(timeout=10) as p:
         assert (p.upstream_url, p.model, p.api_key) == (upstream.base_url, 'real-model', 'k-env')
-        assert httpx.get(p.url + '/health', timeout=5).json() == {'status': 'ok', 'paused': False}
+        h = httpx.get(p.url + '/health', timeout=5).json()
+        assert (h['status'], h['paused'], h['stats']['main']) == ('ok', False, 0)
+
+
+def test_admin_pause_resume_over_http(client, proxy):
+    "A trainer in another process pauses the proxy over HTTP (503 to new calls), then resumes it."
+    r = httpx.post(f'{proxy.url}/admin/pause', json={'wait_s': 5}, timeout=10)
+    assert r.status_code == 200 and r.json() == {'paused': True, 'idle': True}
+    with pytest.raises(openai.APIStatusError) as e:
+        client.chat.completions.create(model='m', messages=[user('hi')], extra_headers=sess('s1'))
+    assert e.value.status_code == 503 and e.value.response.headers['Retry-After'] == '1'
+    assert httpx.get(f'{proxy.url}/health').json()['paused'] is True
+    assert httpx.post(f'{proxy.url}/admin/resume', timeout=10).json() == {'paused': False}
+    assert client.chat.completions.create(model='m', messages=[user('hi')], extra_headers=sess('s1')).choices[0].message.content == 'ok: hi'
+    assert httpx.post(f'{proxy.url}/admin/pause', json={'wait_s': -1}).status_code == 400
+    assert httpx.get(f'{proxy.url}/health').json()['stats']['paused_503'] == 1
+
+
+@pytest.mark.parametrize('stream', [False, True])
+def test_weight_version_is_recorded(tmp_path, stream):
+    "The serving side's weight version travels in the response and into the proxy's record (plain and streamed)."
+    versioned = lambda messages, tools: {'content': 'v', 'token_ids': [7], 'weight_version': 3}
+    with serve(versioned) as up, RecordingProxy(up.base_url, out_dir=tmp_path) as px:
+        body = {'model': 'm', 'messages': [user('a')], 'stream': stream}
+        r = httpx.post(f'{px.base_url}/chat/completions', json=body, headers=sess('v1', session_done='true'), timeout=10)
+        assert r.status_code == 200
+        if not stream: assert r.json()['weight_version'] == 3
+        assert px.turns('v1')[0]['weight_version'] == 3

@@ -169,7 +169,7 @@ class BackgroundServer:
     def __repr__(self): return f'{type(self).__name__}({self.base_url}{", closed" if self.closed else ""})' 
 
 # %% ../../nbs/env/08_openai_server.ipynb #a12bb7e2
-EXTRA_KEYS = ('logprobs', 'token_ids', 'prompt_token_ids', 'usage', 'finish_reason')
+EXTRA_KEYS = ('logprobs', 'token_ids', 'prompt_token_ids', 'usage', 'finish_reason', 'weight_version')
 
 def split_policy_output(out:dict) -> tuple[dict, dict]:
     "Split a policy's return value into a normalised assistant message and the extras (`EXTRA_KEYS`)."
@@ -217,6 +217,7 @@ def completion_response(msg:dict,           # The normalised assistant message
     out = {'id': id or _new_id(), 'object': 'chat.completion', 'created': int(time.time()), 'model': model,
            'choices': [choice], 'usage': make_usage(messages, msg, extras)}
     if extras.get('prompt_token_ids') is not None: out['prompt_token_ids'] = extras['prompt_token_ids']
+    if extras.get('weight_version') is not None: out['weight_version'] = extras['weight_version']   # which weights answered (online training)
     return out
 
 def _pieces(s:str) -> list[str]:
@@ -232,6 +233,7 @@ def completion_chunks(msg:dict, extras:dict, model:str, messages:list, want_logp
         return {'id': id, 'object': 'chat.completion.chunk', 'created': created, 'model': model, 'choices': [c]}
     first = chunk({'role': 'assistant', 'content': ''})
     if extras.get('prompt_token_ids') is not None: first['prompt_token_ids'] = extras['prompt_token_ids']
+    if extras.get('weight_version') is not None: first['weight_version'] = extras['weight_version']
     yield first
     content, lp = msg.get('content') or '', (extras.get('logprobs') or {}).get('content') if want_logprobs else None
     if lp and ''.join(t.get('token', '') for t in lp) == content:

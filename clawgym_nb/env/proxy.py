@@ -75,7 +75,7 @@ class StreamAccumulator:
     "Rebuild a full assistant message, log-probs, token ids and usage from `chat.completion.chunk` events."
     def __init__(self):
         self.content, self.extra, self.tool_calls = [], {}, {}
-        self.logprobs, self.token_ids, self.prompt_token_ids = [], None, None
+        self.logprobs, self.token_ids, self.prompt_token_ids, self.weight_version = [], None, None, None
         self.finish_reason = self.usage = None
         self.has_output = False
 
@@ -83,6 +83,7 @@ class StreamAccumulator:
         "Add one parsed chunk."
         if chunk.get('usage'): self.usage = chunk['usage']
         if chunk.get('prompt_token_ids') is not None: self.prompt_token_ids = chunk['prompt_token_ids']
+        if chunk.get('weight_version') is not None: self.weight_version = chunk['weight_version']
         for c in chunk.get('choices') or []:
             if c.get('index', 0) != 0: continue
             d = c.get('delta') or {}
@@ -119,10 +120,15 @@ def session_file(out_dir:str|Path, session_id:str) -> Path:
 
 class _ProxyHandler(JSONHandler):
     GET = {'/v1/models': 'models', '/health': 'health'}
-    POST = {'/v1/chat/completions': 'chat'}
-    def health(self): self.send_json(200, {'status': 'ok', 'paused': self.app.paused})
+    POST = {'/v1/chat/completions': 'chat', '/admin/pause': 'pause', '/admin/resume': 'resume'}
+    def health(self): self.send_json(200, {'status': 'ok', 'paused': self.app.paused, 'stats': self.app.stats})
     def models(self): self.app.forward_models(self)
     def chat(self): self.app.handle_chat(self)
+    def pause(self):      # a trainer in another process: stop new calls (503), wait for those in flight, then sync weights
+        wait = (self.read_json() if self.raw_body else {}).get('wait_s', 30)
+        if not isinstance(wait, (int, float)) or wait < 0: raise HTTPError(400, f'wait_s must be a number >= 0, not {wait!r}', param='wait_s')
+        self.app.pause(); self.send_json(200, {'paused': True, 'idle': self.app.wait_idle(float(wait))})
+    def resume(self): self.app.resume(); self.send_json(200, {'paused': False})
 
 # %% ../../nbs/env/08a_proxy.ipynb #48e068c0
 def _upstream_message(r:httpx.Response) -> str:
@@ -171,7 +177,7 @@ class _Relay:
             raise fail(502, f'upstream {self.upstream_url} sent an unusable response: {type(e).__name__}: {e}') from None
         res = {'response': msg, 'finish_reason': ch.get('finish_reason'), 'logprobs': ch.get('logprobs'),
                'token_ids': ch.get('token_ids'), 'prompt_token_ids': data.get('prompt_token_ids', ch.get('prompt_token_ids')),
-               'usage': data.get('usage'), 'ttft_s': None}
+               'usage': data.get('usage'), 'weight_version': data.get('weight_version'), 'ttft_s': None}
         record(res)
         if strip_lp: ch['logprobs'] = None; h.send_json(200, data)
         else: h.send_bytes(200, r.content)
@@ -205,7 +211,7 @@ class _Relay:
                 if acc.finish_reason is None: raise fail(502, f'upstream {url} stream ended without [DONE]')
             record({'response': acc.message(), 'finish_reason': acc.finish_reason,
                     'logprobs': {'content': acc.logprobs} if acc.logprobs else None, 'token_ids': acc.token_ids,
-                    'prompt_token_ids': acc.prompt_token_ids, 'usage': acc.usage, 'ttft_s': ttft})
+                    'prompt_token_ids': acc.prompt_token_ids, 'usage': acc.usage, 'weight_version': acc.weight_version, 'ttft_s': ttft})
             h.end_sse()
         except httpx.HTTPError as e: raise fail(502, self._upstream_failure(e)) from None
         except (BrokenPipeError, ConnectionResetError): fail(499, 'client disconnected mid-stream'); raise
