@@ -152,3 +152,23 @@ def test_chunks_without_logprobs_join_to_content():
     msg, extras = split_policy_output({'content': 'a  b\nc '})
     chunks = list(completion_chunks(msg, extras, 'm', []))
     assert ''.join(c['choices'][0]['delta'].get('content', '') for c in chunks) == 'a  b\nc '
+
+
+def test_admin_routes_behind_the_key():
+    "Operator routes (`admin=`): POST path -> fn(body) -> dict, authorised like chat, a ClawError is a 400 that names it."
+    import httpx
+    from clawgym_nb.core.basics import ClawError
+    seen = []
+    def swap(body):
+        if 'version' not in body: raise ClawError('no version given', field='version')
+        seen.append(body); return {'version': body['version']}
+    from clawgym_nb.env.openai_server import OpenAIServer
+    with OpenAIServer(
+            lambda m, t: {'content': 'x'}, api_key='k', admin={'/admin/weights': swap}) as s:
+        h = {'Authorization': 'Bearer k'}
+        assert httpx.post(f'{s.url}/admin/weights', json={'version': 2}, headers=h).json() == {'version': 2}
+        assert httpx.post(f'{s.url}/admin/weights', json={'version': 2}).status_code == 401
+        r = httpx.post(f'{s.url}/admin/weights', json={}, headers=h)
+        assert r.status_code == 400 and 'no version given' in r.json()['error']['message']
+        assert httpx.post(f'{s.url}/admin/other', json={}, headers=h).status_code == 404
+    assert seen == [{'version': 2}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect, json, re, socket, threading, time, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
+from ..core.basics import ClawError
 
 # %% auto #0
 __all__ = ['ERROR_TYPES', 'EXTRA_KEYS', 'ROLES', 'one_line', 'openai_error', 'HTTPError', 'JSONHandler', 'BackgroundServer',
@@ -279,6 +280,11 @@ class _PolicyHandler(JSONHandler):
     POST = {'/v1/chat/completions': 'chat'}
 
     def health(self): self.send_json(200, {'status': 'ok'})
+    def admin(self):      # an operator route of the server (`admin=`): `fn(body) -> dict`, behind the same key
+        self.app.check_auth(self.headers)
+        fn = self.app.admin[self.path.split('?', 1)[0].rstrip('/')]
+        try: self.send_json(200, fn(self.read_json() if self.raw_body else {}))
+        except ClawError as e: raise HTTPError(400, str(e)) from None
     def models(self): self.app.check_auth(self.headers); self.send_json(200, {'object': 'list', 'data': [self.app.model_card()]})
     def model(self):
         self.app.check_auth(self.headers)
@@ -306,13 +312,16 @@ class OpenAIServer(BackgroundServer):
                  port:int=0,                 # Port; 0 picks a free one
                  model:str='clawgym-policy', # Model id listed by `/v1/models`
                  api_key:str|None=None,      # If set, require `Authorization: Bearer <api_key>`
-                 concurrent:bool=False):     # Call the policy from several threads at once
+                 concurrent:bool=False,      # Call the policy from several threads at once
+                 admin:dict|None=None):      # Extra POST routes, path -> `fn(body) -> dict` (e.g. a weight swap)
         self.policy, self.model, self.api_key = policy, model, api_key
         self._lock = None if concurrent else threading.Lock()
         try: self._wants_request = 'request' in inspect.signature(policy).parameters
         except (TypeError, ValueError): self._wants_request = False
         self.requests: list[dict] = []  # every accepted request body, in order (tests and judges read it)
-        super().__init__(_PolicyHandler, host, port)
+        self.admin = dict(admin or {})
+        handler = type('_AdminPolicyHandler', (_PolicyHandler,), {'POST': {**_PolicyHandler.POST, **{p: 'admin' for p in self.admin}}}) if self.admin else _PolicyHandler
+        super().__init__(handler, host, port)
 
     def model_card(self) -> dict: return {'id': self.model, 'object': 'model', 'created': 0, 'owned_by': 'clawgym-nb'}
 
