@@ -275,3 +275,13 @@ def test_weight_version_is_recorded(tmp_path, stream):
         assert r.status_code == 200
         if not stream: assert r.json()['weight_version'] == 3
         assert px.turns('v1')[0]['weight_version'] == 3
+
+
+def test_pause_lease_expires(client, proxy):
+    "A trainer that dies mid-sync cannot leave serving shut: the pause's lease runs out and calls go through again."
+    r = httpx.post(f'{proxy.url}/admin/pause', json={'wait_s': 1, 'lease_s': 0.3}, timeout=10)
+    assert r.json()['paused'] is True and proxy.paused
+    with pytest.raises(openai.APIStatusError): client.chat.completions.create(model='m', messages=[user('hi')], extra_headers=sess('l1'))
+    time.sleep(0.4)
+    assert not proxy.paused and client.chat.completions.create(model='m', messages=[user('hi')], extra_headers=sess('l1')).choices[0].message.content == 'ok: hi'
+    assert httpx.post(f'{proxy.url}/admin/pause', json={'lease_s': 'x'}).status_code == 400

@@ -125,9 +125,11 @@ class _ProxyHandler(JSONHandler):
     def models(self): self.app.forward_models(self)
     def chat(self): self.app.handle_chat(self)
     def pause(self):      # a trainer in another process: stop new calls (503), wait for those in flight, then sync weights
-        wait = (self.read_json() if self.raw_body else {}).get('wait_s', 30)
-        if not isinstance(wait, (int, float)) or wait < 0: raise HTTPError(400, f'wait_s must be a number >= 0, not {wait!r}', param='wait_s')
-        self.app.pause(); self.send_json(200, {'paused': True, 'idle': self.app.wait_idle(float(wait))})
+        body = self.read_json() if self.raw_body else {}
+        wait, lease = body.get('wait_s', 30), body.get('lease_s')
+        for k, v in (('wait_s', wait), ('lease_s', lease)):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0): raise HTTPError(400, f'{k} must be a number >= 0, not {v!r}', param=k)
+        self.app.pause(lease); self.send_json(200, {'paused': True, 'idle': self.app.wait_idle(float(wait))})
     def resume(self): self.app.resume(); self.send_json(200, {'paused': False})
 
 # %% ../../nbs/env/08a_proxy.ipynb #48e068c0
@@ -352,14 +354,18 @@ class RecordingProxy(_Forwarding, _Pairing, _Records, BackgroundServer):
         self.http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
         self.records: list[dict] = []
         self.stats = {'main': 0, 'side': 0, 'heartbeat': 0, 'errors': 0, 'paused_503': 0}
-        self.paused = False
+        self._paused_until = None     # None: open; a time: paused until then (inf: until resume())
         self._sessions: dict[str, _Session] = {}
         self._lock, self._idle = threading.RLock(), threading.Condition()
         self._in_flight, self._upstream_model = 0, None
         super().__init__(_ProxyHandler, host, port)
 
-    def pause(self): self.paused = True
-    def resume(self): self.paused = False
+    def pause(self, lease_s:float|None=None):
+        "Answer new calls with 503 until `resume()`, or until `lease_s` seconds pass (a trainer that dies mid-sync cannot leave it shut)."
+        self._paused_until = float('inf') if lease_s is None else time.monotonic() + lease_s
+    def resume(self): self._paused_until = None
+    @property
+    def paused(self) -> bool: return self._paused_until is not None and time.monotonic() < self._paused_until
     def wait_idle(self, timeout:float|None=None) -> bool:
         "Wait until no call is in flight (after `pause()`, before a weight sync); False on timeout."
         with self._idle: return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
