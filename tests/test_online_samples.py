@@ -55,3 +55,15 @@ def test_ledger_restart_and_no_double_use(tmp_path):
     led3 = SampleLedger(tmp_path/'t')
     assert led3.counts() == {'judged': 4, 'samples': {'combined': 1, 'rl': 2}, 'skipped': {'no next state': 1}, 'used': 2, 'pending': 1}
     with pytest.raises(ClawError, match='judged already'): led3.add(rec('r1'), None, 'no signal')
+
+
+def test_a_dead_judge_delays_and_loses_nothing(tmp_path):
+    from clawgym_nb.env.policies import PolicyError
+    class Down:
+        def __call__(self, messages, tools): raise PolicyError('judge down')
+    d = tmp_path/'records'
+    for r in (rec('r1'), rec('r2', 'Thanks')): append_jsonl(d/'s.jsonl', r)
+    led = SampleLedger(tmp_path/'t')
+    assert collect(d, led, Down(), Down(), version_now=0) == {'samples': {}, 'skipped': {'judge unavailable': 1}}
+    assert led.counts()['judged'] == 0                                        # nothing was marked judged
+    assert collect(d, led, J, J, version_now=0) == {'samples': {'combined': 1, 'rl': 1}, 'skipped': {}}

@@ -10,10 +10,11 @@ from .signals import dispatch_turn
 from .judges import judge_turn, hint_turn
 
 # %% auto #0
-__all__ = ['SKIP_REASONS', 'next_state_of', 'turn_sample', 'SampleLedger', 'proxy_records', 'collect']
+__all__ = ['SKIP_REASONS', 'UNJUDGED', 'next_state_of', 'turn_sample', 'SampleLedger', 'proxy_records', 'collect']
 
 # %% ../../nbs/online/05_samples.ipynb #5bb33999
 SKIP_REASONS = ('side turn', 'no next state', 'stale', 'no token ids', 'no signal')
+UNJUDGED = 'judge unavailable'   # every vote failed: not a decision, the record waits for the judge
 
 def next_state_of(rec:dict) -> dict|None:
     "The turn's next state: the last user or tool message the session's next main request added (None if there was none)."
@@ -37,7 +38,9 @@ def turn_sample(rec:dict,                  # A proxy record (kind 'turn')
     if not rec.get('token_ids') or not rec.get('prompt_token_ids'): return None, 'no token ids'
     ctx, resp = rec['messages'], rec['response']
     prm_out = judge_turn(prm, ctx, resp, state, m=m)
+    if prm_out['failed'] == m: return None, UNJUDGED
     hint_out = hint_turn(hint_judge, ctx, resp, state, m=m) if hint_judge is not None else {'hints': [], 'accepted': 0, 'rejected': 0, 'failed': 0}
+    if hint_out['failed'] == m: return None, UNJUDGED
     kind = dispatch_turn(prm_out['score'], hint_out['hints'])
     if kind is None: return None, 'no signal'
     lp = (rec.get('logprobs') or {}).get('content') or []
@@ -95,6 +98,7 @@ def collect(records_dir:str|Path, ledger:SampleLedger, prm, hint_judge, version_
     for rec in proxy_records(records_dir):
         if rec['request_id'] in ledger.judged: continue
         sample, why = turn_sample(rec, prm, hint_judge, version_now, **kw)
+        if why == UNJUDGED: skipped[why] += 1; break       # the judge is down: this record and the rest wait for the next pass
         ledger.add(rec, sample, why)
         if sample: made[sample['kind']] += 1
         else: skipped[why] += 1
