@@ -53,7 +53,7 @@ def test_ledger_restart_and_no_double_use(tmp_path):
     first = led2.pending()[:2]; led2.mark_used(1, first)
     with pytest.raises(ClawError, match='used by update 1'): SampleLedger(tmp_path/'t').mark_used(2, first[1:])
     led3 = SampleLedger(tmp_path/'t')
-    assert led3.counts() == {'judged': 4, 'samples': {'combined': 1, 'rl': 2}, 'skipped': {'no next state': 1}, 'used': 2, 'pending': 1}
+    assert led3.counts() == {'judged': 4, 'samples': {'combined': 1, 'rl': 2}, 'skipped': {'no next state': 1}, 'used': 2, 'dropped': {}, 'pending': 1}
     with pytest.raises(ClawError, match='judged already'): led3.add(rec('r1'), None, 'no signal')
 
 
@@ -67,3 +67,13 @@ def test_a_dead_judge_delays_and_loses_nothing(tmp_path):
     assert collect(d, led, Down(), Down(), version_now=0) == {'samples': {}, 'skipped': {'judge unavailable': 1}}
     assert led.counts()['judged'] == 0                                        # nothing was marked judged
     assert collect(d, led, J, J, version_now=0) == {'samples': {'combined': 1, 'rl': 1}, 'skipped': {}}
+
+
+def test_dropped_samples_are_retired_and_counted(tmp_path):
+    led = SampleLedger(tmp_path/'t')
+    for rid in ('a', 'b', 'c'):
+        s, why = turn_sample(rec(rid), J, J, version_now=0); led.add(rec(rid), s, why)
+    led.drop(led.pending()[:2], 'stale')
+    again = SampleLedger(tmp_path/'t')
+    assert [s['id'] for s in again.pending()] == ['c'] and again.counts()['dropped'] == {'stale': 2} and again.counts()['used'] == 0
+    with pytest.raises(ClawError, match='used by update'): again.mark_used(1, [again.samples['a']])

@@ -58,7 +58,9 @@ class SampleLedger:
         self.folder = Path(folder); self.folder.mkdir(parents=True, exist_ok=True)
         self.judged = {r['record']: r for r in read_jsonl(self.folder/'judged.jsonl')}
         self.samples = {s['id']: s for s in read_jsonl(self.folder/'samples.jsonl')}
-        self.used = {i: u['update'] for u in read_jsonl(self.folder/'used.jsonl') for i in u['samples']}
+        used = read_jsonl(self.folder/'used.jsonl')
+        self.used = {i: u['update'] for u in used for i in u['samples']}
+        self.dropped = Counter({u['dropped']: len(u['samples']) for u in used if u.get('dropped')})
 
     def add(self, rec:dict, sample:dict|None, reason:str|None):
         "Note that `rec` was judged, with its sample or its skip reason (the sample first: a kill in between re-judges)."
@@ -80,11 +82,18 @@ class SampleLedger:
         append_jsonl(self.folder/'used.jsonl', {'update': update, 'samples': ids, 't': round(time.time(), 3)})
         self.used.update({i: update for i in ids})
 
+    def drop(self, samples:list, reason:str):
+        "Retire `samples` without training on them (e.g. grown stale while waiting for a batch), counted by `reason`."
+        if not samples: return
+        ids = [s['id'] for s in samples]
+        append_jsonl(self.folder/'used.jsonl', {'update': None, 'dropped': reason, 'samples': ids, 't': round(time.time(), 3)})
+        self.used.update({i: None for i in ids}); self.dropped[reason] += len(ids)
+
     def counts(self) -> dict:
         "Records judged, samples by kind, skips by reason, samples used and pending."
         return {'judged': len(self.judged), 'samples': dict(Counter(s['kind'] for s in self.samples.values())),
                 'skipped': dict(Counter(j['skipped'] for j in self.judged.values() if j['skipped'])),
-                'used': len(self.used), 'pending': len(self.pending())}
+                'used': len(self.used) - sum(self.dropped.values()), 'dropped': dict(self.dropped), 'pending': len(self.pending())}
 
 # %% ../../nbs/online/05_samples.ipynb #7f10f290
 def proxy_records(records_dir:str|Path) -> list[dict]:
