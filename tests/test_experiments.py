@@ -125,3 +125,14 @@ def test_paper_tables_give_a_verdict_per_trend(smoke_run):
     assert m['not_run'] == [] or missing_data('pinchbench')   # run after every experiment it reads (AFTER)
     table = pd.read_csv(folders['paper_tables']/'tables'/'paper_vs_this_run.csv')
     assert (table.scale == 'smoke').all() and table.paper.notna().all()
+
+
+def test_openclaw_rl_personal_sessions_and_alignment(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'openclaw_rl_personal')
+    sess = pd.read_csv(folders['openclaw_rl_personal']/'tables'/'sessions.csv')
+    assert len(sess) == len(m['arms']) * len(m['seeds']) * len(m['users']) * m['sessions_per_user']
+    assert set(sess.score.unique()) <= {0.0, 0.25, 0.5, 0.75, 1.0} and sess.first_tokens.gt(0).all()
+    assert set(m['sessions_to_align']) == set(m['arms']) and all(1 <= v <= m['sessions_per_user'] + 1 for v in m['sessions_to_align'].values())
+    upd = pd.read_csv(folders['openclaw_rl_personal']/'tables'/'updates.csv')
+    assert len(upd) and set(upd.arm) == set(m['arms']) and upd.drift.dropna().lt(0.5).all() and upd.groupby('arm').trained.sum().gt(0).all()
+    assert m['paper']['sessions_to_align']['hybrid'] == 10.3

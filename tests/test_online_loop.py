@@ -3,7 +3,8 @@ import json, time
 from collections import Counter
 import httpx, pytest
 from clawgym_nb.core.basics import ClawError, read_jsonl
-from clawgym_nb.online.loop import OnlineLoop, loop_config
+from clawgym_nb.online.loop import loop_config
+from clawgym_nb.online.trainer import OnlineLoop
 
 
 def wait_for(cond, timeout=180, what=''):
@@ -57,4 +58,5 @@ def test_kill_judge_then_trainer(tmp_path):
 
 def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ClawError, match='unknown loop settings'): loop_config(tmp_path, batchsize=4)
-    with pytest.raises(ClawError, match='hint selection'): loop_config(tmp_path, loss={'hint_selection': 'best'})
+    with pytest.raises(ClawError, match='hint selection'): OnlineLoop(tmp_path/'x', loss={'hint_selection': 'best'})
+    with pytest.raises(ClawError, match='not running'): OnlineLoop(tmp_path/'y').start_part('proxy')   # no serving part to sit in front of
