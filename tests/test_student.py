@@ -359,3 +359,20 @@ def test_evaluate_resumes_only_with_the_same_weights(tmp_path, task):
     with pytest.raises(ClawError, match='policy.json: weights: these scores were played with weights'):
         evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)
     assert len(read_jsonl(ev/'scores.jsonl')) == 1
+
+
+def test_idle_generator_thread_ends_and_frees_its_model():
+    "A Generator's decoding thread ends after `idle_s` with nothing to do, so a dropped Generator (evicted from the cache) frees its model; a later turn starts a new thread."
+    import gc, time, weakref
+    from clawgym_nb.agents.models import load_model
+    from clawgym_nb.agents.student import Generator
+    tok, model = load_model('tiny', device='cpu')
+    g = Generator(tok, model, idle_s=0.2)
+    ids = tok('hello', add_special_tokens=False)['input_ids']
+    first = g.generate(ids, 4)
+    t = g._thread; t.join(timeout=5)
+    assert not t.is_alive() and g._thread is None
+    assert g.generate(ids, 4) == first                     # a new thread serves the next turn, same greedy tokens
+    g._thread.join(timeout=5)
+    ref = weakref.ref(model); del g, model; gc.collect()
+    assert ref() is None                                   # nothing (no thread) holds the model any more

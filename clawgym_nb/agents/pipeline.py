@@ -14,7 +14,7 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
+__all__ = ['ARM_LAYERS', 'content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
            'episode_behaviour', 'sft_arm', 'eval_arm']
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
@@ -36,11 +36,14 @@ def arm_key(**inputs) -> str:
     "16 hex digits of the sha256 of the inputs as sorted JSON."
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+ARM_LAYERS = ('core', 'env', 'syndata', 'agents')   # what an SFT or evaluation arm runs: a change elsewhere keeps the arms
+
 @functools.cache          # once per process: the source does not change under a running experiment
 def code_digest() -> str:
     "16 hex digits over the source of the layers (core, env, syndata, agents): an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
-    return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(pkg.glob('*/*.py'))})   # the layers, not the runner or the CLI
+    files = sorted(f for layer in ARM_LAYERS for f in (pkg/layer).glob('*.py'))   # not the online layer above, the runner or the CLI
+    return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files})
 
 def sft_data_key(rollouts_key:dict, sft_path:str|Path) -> dict:
     "What an SFT file was made from: the rollouts' key and which trajectories it keeps with what weight (two cuts that keep the same ones share an arm)."

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/agents/04_student.ipynb #1e75f352
 from __future__ import annotations
-import json, queue, threading, time, weakref
+import atexit, json, queue, threading, time, weakref
 from functools import lru_cache
 from ..core.basics import ClawError
 from ..env.policies import PolicyError, assistant_message, model_fingerprint, parse_tool_calls, register_policy_kind
@@ -66,6 +66,15 @@ class _Request:
         self.ids, self.max_new_tokens, self.temperature, self.owner = ids, max_new_tokens, temperature, owner
         self.done, self.out, self.error, self.new, self.logps = threading.Event(), None, None, [], []
 
+_LIVE = weakref.WeakSet()      # every Generator of this process, for `_stop_generators`
+
+@atexit.register
+def _stop_generators():
+    "End idle decoding threads before the interpreter does: a daemon thread woken from its timed wait during shutdown aborts the process."
+    for g in list(_LIVE):
+        t = g._thread
+        if t is not None and t.is_alive(): g._q.put(None); t.join(timeout=2)
+
 class Generator:
     "A model shared by concurrent episodes: continuous batching (turns join and leave at every decoded token), KV caches kept per episode."
     def __init__(self, tok, model,
@@ -73,11 +82,12 @@ class Generator:
                  autocast:bool=False,       # bfloat16 autocast (CPU or GPU; transformers engine)
                  reuse_cache:bool=True,     # Keep each episode's KV cache between its turns
                  engine:str='transformers', # 'transformers' (any model, any device), 'packed' (CPU, Llama / Qwen decoders) or 'auto'
-                 weights:str|None=None):    # The packed engine's weight format: 'fp32' (exact), 'bf16' or 'int8' (default `CPU_WEIGHTS`)
+                 weights:str|None=None,     # The packed engine's weight format: 'fp32' (exact), 'bf16' or 'int8' (default `CPU_WEIGHTS`)
+                 idle_s:float=5.0):         # The decoding thread ends after this long with nothing to do (a dropped Generator frees its model)
         if engine not in ENGINES: raise ClawError(f'unknown engine {engine!r}; use {", ".join(ENGINES)}', field='engine')
         if engine == 'auto': engine = 'transformers' if packable(model) else 'packed'
         weights = weights or CPU_WEIGHTS
-        self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache = tok, model, max_batch, autocast, reuse_cache
+        self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache, self.idle_s = tok, model, max_batch, autocast, reuse_cache, idle_s
         self.engine = PackedLM(model, weights) if engine == 'packed' else None
         self.prefill_s = self.decode_s = 0.0
         self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids('<|im_end|>'), tok.eos_token_id) if isinstance(i, int) and i >= 0})
@@ -85,6 +95,7 @@ class Generator:
         self.busy_s, self.decode_steps, self.row_steps, self.tokens_out, self.tokens_prefilled = 0.0, 0, 0, 0, 0
         self._q, self._thread, self._lock, self._step_lock = queue.Queue(), None, threading.Lock(), threading.Lock()
         self._kv = weakref.WeakKeyDictionary()     # owner -> (token ids cached, [(keys, values) per layer])
+        _LIVE.add(self)
 
     def generate(self, ids:list, max_new_tokens:int=256, temperature:float=0.0, owner=None) -> list:
         "New token ids for prompt `ids` (ends at, and includes, the end-of-turn token when the model stops)."
@@ -95,7 +106,8 @@ class Generator:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True, name='student-generator'); self._thread.start()
-        r = _Request(list(ids), max_new_tokens, temperature, owner); self._q.put(r); r.done.wait()
+            r = _Request(list(ids), max_new_tokens, temperature, owner); self._q.put(r)    # under the lock: the thread cannot end between
+        r.done.wait()
         if r.error: raise PolicyError(f'generation failed: {r.error}')
         return r.out, r.logps
 
@@ -111,10 +123,19 @@ class Generator:
         Rows = _PackedRows if self.engine else _Batch
         batch = Rows(self)
         while True:
-            joining = [] if batch.rows else [self._q.get()]        # idle: sleep until a turn arrives
+            if batch.rows: joining = []
+            else:                                                   # idle: sleep until a turn arrives, or end the thread
+                try: joining = [self._q.get(timeout=self.idle_s)]
+                except queue.Empty: joining = [None]
+                if joining == [None]:                               # idle too long, or the interpreter is exiting (`_stop_generators`)
+                    with self._lock:
+                        if self._q.empty(): self._thread = None; return   # nothing holds the model from here on
+                    continue
             while len(batch.rows) + len(joining) < self.max_batch:
-                try: joining.append(self._q.get_nowait())
+                try: r = self._q.get_nowait()
                 except queue.Empty: break
+                if r is None: break                                 # a stop while turns are running: they finish first
+                joining.append(r)
             with self._step_lock:
                 t0 = time.monotonic()
                 for r in joining:
