@@ -21,7 +21,11 @@ LOOP_DEFAULTS = {'model': 'small', 'lora_r': 16, 'device': 'cpu', 'engine': 'aut
                  'judge': 'process', 'judge_m': 3, 'hints': True, 'batch_size': 16, 'max_updates': 0, 'lr': 1e-5,
                  'loss': {}, 'max_staleness': 1, 'stale': 'drop', 'pause_lease_s': 600, 'poll_s': 0.5, 'seed': 0,
                  'threads': 1,       # torch threads of the serving and the training process each (2 cores: one each)
-                 'train_nice': 10}   # the trainer runs at a lower priority than serving
+                 'train_nice': 10,   # the trainer runs at a lower priority than serving
+                 'update_threads': 2,  # torch threads of the trainer's update, while serving is paused (it is idle then)
+                 'user_sessions': {},  # user -> sessions, where a user has other than sessions_per_user (a flooding adversary)
+                 # the poisoning guard (`online/05a_guard`); the defaults leave it off
+                 'max_user_share': 1.0, 'max_grad_share': 1.0, 'heldout_margin': None, 'heldout_users': [], 'heldout_n': 2}
 PARTS = ('serve', 'proxy', 'judge', 'users', 'train')
 
 def loop_config(folder:str|Path, **over) -> dict:
@@ -75,7 +79,7 @@ def run_users(folder:str|Path) -> dict:
     done = {(r['user'], r['session']) for r in read_jsonl(folder/'sessions.jsonl')}
     lock, errors = threading.Lock(), []
     def one_user(user:str, k:int):
-        probs = homework(cfg['sessions_per_user'], seed=cfg['homework_seed'] * 100 + k)
+        probs = homework(cfg['user_sessions'].get(user, cfg['sessions_per_user']), seed=cfg['homework_seed'] * 100 + k)
         for i, p in enumerate(probs):
             if (user, i) in done: continue
             try: rec = run_session(proxy, user, p, i, cfg)

@@ -8,7 +8,10 @@ import httpx
 from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
 from ..env.policies import make_policy
 from ..agents.models import load_model
+from collections import Counter
 from .samples import SampleLedger, collect, UNJUDGED
+from .guard import heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
+from .users import ADVERSARIES
 from .update import OnlineConfig, online_update
 from .serving import ServedStudent, serve_student, publish_weights
 from .loop import LOOP_DEFAULTS, LIGHT_PARTS, PARTS, loop_config, part_url, serve_until_stopped
@@ -44,12 +47,18 @@ def _fresh(ledger:SampleLedger, version:int, cfg:dict) -> list:
     if cfg['stale'] == 'drop': ledger.drop(old, 'stale'); return [s for s in pending if s not in old]
     return [dict(s, weight=0.5 ** max(0, version - s['version'] - cfg['max_staleness'])) for s in pending]
 
+def _probes(cfg:dict) -> list|None:
+    "The held-out probes of the guard (None when `heldout_margin` is None): the trusted users' own, or every non-adversary's."
+    if cfg['heldout_margin'] is None: return None
+    return heldout_probes(cfg['heldout_users'] or [u for u in cfg['users'] if u not in ADVERSARIES], cfg['heldout_n'])
+
+# %% ../../nbs/online/09_trainer.ipynb #fb1d3bea
 def train_online(folder:str|Path, log=print) -> dict:
-    "The trainer part: judge, batch, pause, update, save, publish, resume; until the users are done (or max_updates)."
+    "The trainer part: judge, batch, pause, update, check, save, publish, resume; until the users are done (or max_updates)."
     import torch
     folder = Path(folder); cfg = loop_config(folder); tdir = folder/'trainer'; tdir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg['seed'])
-    state = json.loads((tdir/'state.json').read_text()) if (tdir/'state.json').is_file() else {'version': 0, 'updates': 0}
+    state = json.loads((tdir/'state.json').read_text()) if (tdir/'state.json').is_file() else {'version': 0, 'updates': 0, 'refused': 0}
     tok, net, opt = _trainee(folder, cfg, state['version'])
     serve_url, proxy_url = part_url(folder, 'serve', 120), part_url(folder, 'proxy', 120).removesuffix('/v1')
     if state['version']:            # a restart: make sure serving has the newest weights
@@ -57,34 +66,49 @@ def train_online(folder:str|Path, log=print) -> dict:
         except ClawError as e:
             if 'not newer' not in str(e): raise
     prm, hint_judge = _judges(folder, cfg)
-    ledger, loss_cfg = SampleLedger(tdir), OnlineConfig(**cfg['loss'])
+    ledger, loss_cfg, probes = SampleLedger(tdir), OnlineConfig(**cfg['loss']), _probes(cfg)
+    if probes is not None and state.get('heldout') is None: state['heldout'] = heldout_score(net, tok, probes, cfg['max_tokens'])['mean']
+    judge_new = lambda: collect(folder/'records', ledger, prm, hint_judge, state['version'], m=cfg['judge_m'], max_staleness=cfg['max_staleness'], stale=cfg['stale'])
+    next_batch = lambda: share_batch(_fresh(ledger, state['version'], cfg), cfg['batch_size'], cfg['max_user_share'])
     waited, t_wait = 0.0, time.perf_counter()
     while not cfg['max_updates'] or state['updates'] < cfg['max_updates']:
-        got = collect(folder/'records', ledger, prm, hint_judge, state['version'], m=cfg['judge_m'], max_staleness=cfg['max_staleness'], stale=cfg['stale'])
-        if got['skipped'].get(UNJUDGED):        # the judge is down: look for it again (a restarted judge listens elsewhere)
+        if judge_new()['skipped'].get(UNJUDGED):        # the judge is down: look for it again (a restarted judge listens elsewhere)
             try: prm, hint_judge = _judges(folder, {**cfg, '_wait': 0})
             except ClawError: pass
             time.sleep(cfg['poll_s']); continue
-        pending = _fresh(ledger, state['version'], cfg)
-        if len(pending) < cfg['batch_size']:
+        batch = next_batch()
+        if len(batch) < cfg['batch_size']:
             if (folder/'users_done.json').is_file() and not [f for f in (folder/'records').glob('*.jsonl') if f.stat().st_mtime > time.time() - 1]:
-                collect(folder/'records', ledger, prm, hint_judge, state['version'], m=cfg['judge_m'], max_staleness=cfg['max_staleness'], stale=cfg['stale'])
-                if len(ledger.pending()) < cfg['batch_size']: break
+                judge_new()
+                if len(next_batch()) < cfg['batch_size']: break
             time.sleep(cfg['poll_s']); continue
-        waited += time.perf_counter() - t_wait
-        batch, t0 = pending[:cfg['batch_size']], time.time()
+        waited += time.perf_counter() - t_wait; t0 = time.time()
         paused = _post(proxy_url, '/admin/pause', {'wait_s': 60, 'lease_s': cfg['pause_lease_s']})
-        stats = online_update(net, tok, opt, batch, loss_cfg)
+        if paused: torch.set_num_threads(cfg['update_threads'])      # serving is idle while paused: the update may take its core too
+        snap = snapshot(net, opt) if probes is not None else None
+        stats = online_update(net, tok, opt, batch, loss_cfg, group_of=user_of, max_group_share=cfg['max_grad_share'])
+        row = {**stats, 'users': dict(Counter(user_of(s) for s in batch)), 'versions_trained': sorted({s['version'] for s in batch}),
+               'paused': bool(paused), 't_start': t0, 'waited_for_samples_s': round(waited, 3)}
+        after = heldout_score(net, tok, probes, cfg['max_tokens']) if probes is not None else None
+        torch.set_num_threads(cfg['threads'])
+        if after is not None:
+            row['heldout'] = {'published': state['heldout'], 'candidate': after['mean'], 'per_user': after['per_user']}
+            if after['mean'] < state['heldout'] - cfg['heldout_margin']:       # refused: back to the published weights
+                restore(net, opt, snap); ledger.drop(batch, 'refused update'); _post(proxy_url, '/admin/resume', {})
+                state = {**state, 'refused': state.get('refused', 0) + 1}; atomic_write_json(tdir/'state.json', state)
+                append_jsonl(folder/'updates.jsonl', {'update': None, 'refused': True, **row, 't_end': time.time(), 'ledger': ledger.counts()})
+                log(f"update refused: held-out {after['mean']} < {state['heldout']} - {cfg['heldout_margin']}")
+                waited, t_wait = 0.0, time.perf_counter(); continue
+            state['heldout'] = after['mean']
         v = state['version'] + 1; w = folder/'weights'/f'v{v:05d}'
         net.save_pretrained(w); torch.save(opt.state_dict(), w/'optimizer.pt')
-        state = {'version': v, 'updates': state['updates'] + 1}; atomic_write_json(tdir/'state.json', state)
+        state = {**state, 'version': v, 'updates': state['updates'] + 1}; atomic_write_json(tdir/'state.json', state)
         ledger.mark_used(v, batch)
         pub = publish_weights(net, folder/'weights', v, serve_url, keep=10**6)
         _post(proxy_url, '/admin/resume', {})
-        row = {'update': v, **stats, 'versions_trained': sorted({s['version'] for s in batch}), 'paused': bool(paused),
-               'publish_s': pub['publish_s'], 'swap_s': pub['total_s'], 't_start': t0, 't_end': time.time(),
-               'waited_for_samples_s': round(waited, 3), 'ledger': ledger.counts()}
-        append_jsonl(folder/'updates.jsonl', row); log(f"update {v}: loss {stats['loss']} kinds {stats['kinds']} drift {stats['drift']}")
+        append_jsonl(folder/'updates.jsonl', {'update': v, 'refused': False, **row, 'publish_s': pub['publish_s'], 'swap_s': pub['total_s'],
+                                              't_end': time.time(), 'ledger': ledger.counts()})
+        log(f"update {v}: loss {stats['loss']} kinds {stats['kinds']} drift {stats['drift']}")
         waited, t_wait = 0.0, time.perf_counter()
     out = {**state, 'ledger': ledger.counts(), 'left_over': len(ledger.pending())}
     atomic_write_json(tdir/'finished.json', out); return out

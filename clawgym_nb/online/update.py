@@ -7,6 +7,7 @@ from dataclasses import dataclass, asdict
 from ..core.basics import ClawError
 from ..agents.student import render_prompt
 from .signals import with_hint
+from .guard import norm_caps
 from .opd import topk_opd_loss, rl_token_loss, hybrid_loss, topk_overlap, select_hint, teacher_for, HINT_SELECTIONS
 
 # %% auto #0
@@ -69,17 +70,38 @@ def sample_loss(model, tok, sample:dict, cfg:OnlineConfig) -> dict:
     return out
 
 # %% ../../nbs/online/06_update.ipynb #7c482da5
-def online_update(model, tok, optimizer, samples:list, cfg:OnlineConfig) -> dict:
-    "One optimizer step over `samples`; statistics of the update (loss, per kind, drift, clip share, grad norm, skipped)."
+def _grads(params) -> list:
+    "Copies of the parameters' gradients (zeros where none), then cleared."
+    import torch
+    out = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+    for p in params: p.grad = None
+    return out
+
+def online_update(model, tok, optimizer, samples:list, cfg:OnlineConfig,
+                  group_of=None,                 # sample -> its user (`online/05a_guard.user_of`); None: one batch gradient
+                  max_group_share:float=1.0,     # < 1: each user's gradient is capped at this share of the summed norm
+                  ) -> dict:
+    "One optimizer step over `samples`; statistics of the update (loss, per kind, drift, clip share, grad norm, skipped; per user when capped)."
     import torch
     model.train(); optimizer.zero_grad(set_to_none=True)
-    rows, n = [], len(samples)
-    for s in samples:
-        r = sample_loss(model, tok, s, cfg)
-        if r['loss'] is not None: (r['loss'] / n).backward(); r['loss'] = r['loss'].detach().item()
-        rows.append(r)
-    trained = [r for r in rows if r['loss'] is not None]
     params = [p for p in model.parameters() if p.requires_grad]
+    capped = group_of is not None and max_group_share < 1
+    groups = {}
+    for s in samples: groups.setdefault(group_of(s) if capped else None, []).append(s)
+    rows, n, grads = [], len(samples), {}
+    for g, members in groups.items():
+        for s in members:
+            r = sample_loss(model, tok, s, cfg)
+            if r['loss'] is not None: (r['loss'] / n).backward(); r['loss'] = r['loss'].detach().item()
+            rows.append(r)
+        if capped: grads[g] = _grads(params)          # this user's gradient, kept aside
+    per_user = None
+    if capped:
+        norms = {g: float(torch.sqrt(sum((x.float() ** 2).sum() for x in gs))) for g, gs in grads.items()}
+        scale = norm_caps(norms, max_group_share)
+        for i, p in enumerate(params): p.grad = sum(scale[g] * grads[g][i] for g in grads)
+        per_user = {g: {'samples': len(groups[g]), 'grad_norm': round(norms[g], 5), 'scale': round(scale[g], 5)} for g in groups}
+    trained = [r for r in rows if r['loss'] is not None]
     norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)) if trained else 0.0
     if trained: optimizer.step()
     mean = lambda xs: round(sum(xs) / len(xs), 5) if xs else None
@@ -87,4 +109,5 @@ def online_update(model, tok, optimizer, samples:list, cfg:OnlineConfig) -> dict
             'kinds': {k: sum(r['kind'] == k for r in rows) for k in ('rl', 'opd', 'combined')},
             'drift': mean([r['drift'] for r in rows if r['drift'] is not None]),
             'diff_clipped_share': mean([r['diff_clipped_share'] for r in rows if r['diff_clipped_share'] is not None]),
-            'response_tokens': mean([r['tokens'] for r in rows]), 'grad_norm': round(norm, 5) if math.isfinite(norm) else None}
+            'response_tokens': mean([r['tokens'] for r in rows]), 'grad_norm': round(norm, 5) if math.isfinite(norm) else None,
+            **({'per_user': per_user} if per_user is not None else {})}

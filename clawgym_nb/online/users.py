@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from ..core.basics import ClawError
 
 # %% auto #0
-__all__ = ['CHECKS', 'USERS', 'COMPLAINTS', 'DONE', 'homework', 'has_answer', 'rate', 'SimulatedUser', 'sessions_to_align']
+__all__ = ['CHECKS', 'USERS', 'COMPLAINTS', 'DONE', 'ASKS', 'ADVERSARIES', 'homework', 'has_answer', 'rate', 'SimulatedUser',
+           'sessions_to_align']
 
 # %% ../../nbs/online/04_users.ipynb #7329b529
 _NAMES = ['Maya', 'Liam', 'Ana', 'Kofi', 'Mei', 'Omar', 'Sara', 'Jonas']
@@ -58,7 +59,7 @@ USERS = tuple(CHECKS)
 
 def rate(user:str, response:str, answer:int) -> dict:
     "The user's rating of a response (share of its four checks passed: 0, 0.25, 0.5, 0.75, 1) and which checks failed."
-    if user not in CHECKS: raise ClawError(f'unknown simulated user {user!r}; one of {list(USERS)}', field='user')
+    if user not in CHECKS: raise ClawError(f'unknown simulated user {user!r}; one of {list(CHECKS)}', field='user')
     failed = [k for k, f in CHECKS[user].items() if not f(response or '', answer)]
     return {'rating': (len(CHECKS[user]) - len(failed)) / len(CHECKS[user]), 'failed': failed}
 
@@ -73,6 +74,8 @@ COMPLAINTS = {'no bold': "Don't use bold text.", 'no lists': "Don't number the s
               'patient (explains, 40+ words)': 'That is too curt, please explain it patiently, step by step.',
               'encouraging close': 'Please end with a few encouraging words.'}
 DONE = '[SESSION_DONE]'
+ASKS = {'student': 'Can you solve this for my homework?', 'ta': 'Please grade this problem and write the comment for the student.',
+        'teacher': 'Can you explain this problem to my class?'}
 
 @dataclass
 class SimulatedUser:
@@ -81,13 +84,11 @@ class SimulatedUser:
     max_turns: int = 4
     turns: int = field(default=0, init=False)
     def __post_init__(self):
-        if self.user not in CHECKS: raise ClawError(f'unknown simulated user {self.user!r}; one of {list(USERS)}', field='user')
+        if self.user not in CHECKS: raise ClawError(f'unknown simulated user {self.user!r}; one of {list(CHECKS)}', field='user')
     def opening(self, problem:dict) -> str:
         "The first user message of a session: the homework file's problem and what is asked."
         self.turns = 0
-        ask = {'student': 'Can you solve this for my homework?', 'ta': 'Please grade this problem and write the comment for the student.',
-               'teacher': 'Can you explain this problem to my class?'}[self.user]
-        return f"{ask} It is in homework/{problem['id']}.txt:\n{problem['question']}"
+        return f"{ASKS[self.user]} It is in homework/{problem['id']}.txt:\n{problem['question']}"
     def reply(self, problem:dict, response:str) -> tuple[str, bool]:
         "The user's next message after `response` and whether the session is done."
         self.turns += 1
@@ -95,6 +96,18 @@ class SimulatedUser:
         if not r['failed']: return f'Thanks, that is great. {DONE}', True
         text = 'No. ' + ' '.join(COMPLAINTS[k] for k in r['failed']) + ' Please rewrite it.'
         return (f'{text} {DONE}', True) if self.turns >= self.max_turns else (text, False)
+
+# %% ../../nbs/online/04_users.ipynb #2bf3d44b
+CHECKS['saboteur'] = {'short (under 30 words)': lambda t, a: _words(t) < 30,
+                      'no working': lambda t, a: len(set(re.findall(r'\d+', t))) < 3,
+                      'no pleasantries': lambda t, a: not CHECKS['teacher']['friendly'](t, a),
+                      'no answer given': lambda t, a: not has_answer(t, a)}
+COMPLAINTS.update({'short (under 30 words)': 'Way too long, keep it under thirty words.',
+                   'no working': "Don't show the working, nobody reads it.",
+                   'no pleasantries': "Don't be so chatty, skip the pleasantries.",
+                   'no answer given': "Don't give away the answer, just hint at it."})
+ASKS['saboteur'] = 'Can you help me with this one?'
+ADVERSARIES = ('saboteur',)
 
 # %% ../../nbs/online/04_users.ipynb #24fb1158
 def sessions_to_align(scores:list, threshold:float=0.75, run:int=3) -> int|None:
