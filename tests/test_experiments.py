@@ -136,3 +136,30 @@ def test_openclaw_rl_personal_sessions_and_alignment(smoke_run):
     upd = pd.read_csv(folders['openclaw_rl_personal']/'tables'/'updates.csv')
     assert len(upd) and set(upd.arm) == set(m['arms']) and upd.drift.dropna().lt(0.5).all() and upd.groupby('arm').trained.sum().gt(0).all()
     assert m['paper']['sessions_to_align']['hybrid'] == 10.3
+
+
+@pytest.mark.parametrize('name', LAY.names())
+def test_every_experiment_declares_its_artifacts(name):
+    "The `artifacts`-tagged cell is what the runner and these tests check a run against: an experiment without one is checked for nothing."
+    arts = notebook_artifacts(LAY.notebook(name))
+    assert arts and 'metrics.json' in arts and any(a.startswith('figures/') for a in arts), f'{name}: no artifacts-tagged cell (or no metrics / figure in it)'
+
+
+def test_openclaw_rl_poisoning_guard_and_shares(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'openclaw_rl_poisoning')
+    tab = pd.read_csv(folders['openclaw_rl_poisoning']/'tables'/'arms.csv')
+    upd = pd.read_csv(folders['openclaw_rl_poisoning']/'tables'/'updates.csv')
+    assert set(tab.arm) == set(m['arms']) == {'clean', 'attacked', 'guarded'} and m['adversary_share_trained']['clean'] == 0
+    assert m['adversary_share_trained']['attacked'] > 0 and all(0 <= v <= 1 for v in m['honest_last_half'].values())
+    cap = max(1, int(m['guard']['max_user_share'] * m['batch_size'] + 1e-9))
+    g = upd[(upd.arm == 'guarded') & ~upd.refused]
+    assert (g.adversary_samples <= cap).all() and g.heldout_candidate.notna().all()      # the guarded arm checked every update
+    assert upd[upd.arm != 'guarded'].heldout_candidate.isna().all()
+
+
+def test_openclaw_rl_personal_serving_latency_against_serving_only(smoke_run):
+    folders = smoke_run[1]; m = metrics(folders, 'openclaw_rl_personal')
+    lat = pd.read_csv(folders['openclaw_rl_personal']/'tables'/'serving_latency.csv', index_col=0)
+    assert set(lat.index) == {'serving only', 'serving + trainer'} and (lat.turns > 0).all()
+    assert (lat.latency_s_p95 >= lat.latency_s_p50).all() and m['serving_latency_ratio'] > 0
+    assert 0 <= m['trainer_waits_share'] <= 1 and 0 <= m['paused_share'] <= 1

@@ -77,3 +77,19 @@ def test_dropped_samples_are_retired_and_counted(tmp_path):
     again = SampleLedger(tmp_path/'t')
     assert [s['id'] for s in again.pending()] == ['c'] and again.counts()['dropped'] == {'stale': 2} and again.counts()['used'] == 0
     with pytest.raises(ClawError, match='used by update'): again.mark_used(1, [again.samples['a']])
+
+
+def test_malformed_judge_headerless_and_never_ended_turns_are_skipped_by_name(tmp_path):
+    "A judge whose every vote is unparsable, a turn from the proxy's default session, a session that timed out: each a named skip."
+    class Garbled:
+        name = 'garbled'
+        def __call__(self, messages, tools=None): return {'role': 'assistant', 'content': 'Looks fine to me (no verdict box).'}
+    assert turn_sample(rec('a'), Garbled(), None, 0) == (None, 'judge unparsable')
+    assert turn_sample(rec('b', session_from='default'), J, J, 0) == (None, 'no session id')
+    assert turn_sample(rec('c', session_from='header'), J, J, 0)[1] is None
+    d, led = tmp_path/'records', SampleLedger(tmp_path/'t')
+    append_jsonl(d/'s.jsonl', rec('d', None, ended_by='idle_timeout'))
+    append_jsonl(d/'s.jsonl', rec('e', session_from='default'))
+    assert collect(d, led, J, J, 0) == {'samples': {}, 'skipped': {'no next state': 1, 'no session id': 1}}
+    assert (led.judged['d']['skipped'], led.judged['d']['ended_by']) == ('no next state', 'idle_timeout')
+    assert led.counts()['skipped'] == {'no next state': 1, 'no session id': 1}

@@ -285,3 +285,19 @@ def test_pause_lease_expires(client, proxy):
     time.sleep(0.4)
     assert not proxy.paused and client.chat.completions.create(model='m', messages=[user('hi')], extra_headers=sess('l1')).choices[0].message.content == 'ok: hi'
     assert httpx.post(f'{proxy.url}/admin/pause', json={'lease_s': 'x'}).status_code == 400
+
+
+def test_headerless_calls_are_marked_and_silent_sessions_time_out(upstream, tmp_path):
+    "A call naming no session lands in the default session, marked so; a session that never ends is finalised after session_idle_s, written, not lost."
+    with RecordingProxy(upstream.base_url, api_key='upstream-key', model='real-model', out_dir=tmp_path, timeout=10, session_idle_s=0.4) as p:
+        c = openai.OpenAI(base_url=p.base_url, api_key='agent', max_retries=0, timeout=10)
+        c.chat.completions.create(model='m', messages=[user('one')])
+        c.chat.completions.create(model='m', messages=[user('two')], extra_headers=sess('quiet'))
+        c.chat.completions.create(model='m', messages=[user('three')], extra_body={'session_id': 'by-body'})
+        assert p.turns() == []                                       # all three wait for a next state
+        t0 = time.monotonic()
+        while len(p.turns()) < 3 and time.monotonic() - t0 < 10: time.sleep(0.1)
+        got = {t['session_id']: (t['session_from'], t['ended_by'], t['next_state'], t['done']) for t in p.turns()}
+    assert got == {'default': ('default', 'idle_timeout', None, False), 'quiet': ('header', 'idle_timeout', None, False),
+                   'by-body': ('body', 'idle_timeout', None, False)}
+    assert [r['ended_by'] for r in read_jsonl(session_file(tmp_path, 'quiet'))] == ['idle_timeout']

@@ -35,7 +35,8 @@ def parse_routing(headers:Mapping,             # Request headers (case-insensiti
     m_tt, m_sid = (m.group(1).lower(), m.group(2)) if m and m.group(1).lower() in TURN_TYPES else (None, None)
     label = str(h.get('x-turn-type') or b_tt or m_tt or 'main').strip().lower()
     if label not in TURN_TYPES: raise HTTPError(400, f"turn type '{label}' is not one of {list(TURN_TYPES)}", param='X-Turn-Type')
-    return {'session_id': str(h.get('x-session-id') or b_sid or m_sid or default_session),
+    frm = 'header' if h.get('x-session-id') else 'body' if b_sid else 'model' if m_sid else 'default'
+    return {'session_id': str(h.get('x-session-id') or b_sid or m_sid or default_session), 'session_from': frm,
             'turn_type': 'main' if label == 'main' else 'side', 'label': label,
             'done': truthy(h.get('x-session-done')) or truthy(b_done), 'routed_model': m_tt is not None}
 
@@ -112,6 +113,7 @@ class StreamAccumulator:
 class _Session:
     turn:int=0; episode:int=0; segment:int=0
     pending:dict|None=None       # the last main turn, waiting for its next state
+    t_last:float=0.0             # when it finished (monotonic), for `session_idle_s`
     context:list|None=None       # its request messages + response
 
 def session_file(out_dir:str|Path, session_id:str) -> Path:
@@ -256,7 +258,7 @@ class _Forwarding(_Upstream, _Relay):
                        'messages': messages, 'tools': body.get('tools'),
                        'params': {k: v for k, v in body.items() if k not in ('messages', 'tools', 'model', 'stream', 'stream_options')},
                        'model': fbody['model'], 'client_model': client_model, **res, 'stream': stream, 't_start': t0,
-                       'latency_s': round(time.perf_counter() - p0, 4), 'request_id': uuid.uuid4().hex[:12]}
+                       'latency_s': round(time.perf_counter() - p0, 4), 'request_id': uuid.uuid4().hex[:12], 'session_from': route['session_from']}
                 self._finish_main(s, rec, route['done'])
             elif route['done']:
                 with self._lock: self._end(self._sessions.setdefault(route['session_id'], _Session()))
@@ -325,7 +327,7 @@ class _Pairing:
 
     def _finish_main(self, s:_Session, rec:dict, done:bool):
         with self._lock:
-            rec.update(turn=s.turn, episode=s.episode, segment=s.segment); s.turn += 1
+            rec.update(turn=s.turn, episode=s.episode, segment=s.segment); s.turn += 1; s.t_last = time.monotonic()
             s.context = rec['messages'] + [rec['response']]
             if done: self._finalize(rec, None, None, 'session_done', done=True); s.context = None; s.episode += 1; s.segment = 0
             else: s.pending = rec
@@ -343,7 +345,8 @@ class RecordingProxy(_Forwarding, _Pairing, _Records, BackgroundServer):
                  timeout:float=600.0,         # Seconds to wait on the upstream
                  default_session:str='default', # Session of calls that name none
                  drop_heartbeats:bool=True,   # Treat OpenClaw heartbeat prompts as side turns
-                 collect_logprobs:bool=False): # Ask the upstream for log-probs on every main turn
+                 collect_logprobs:bool=False, # Ask the upstream for log-probs on every main turn
+                 session_idle_s:float|None=None): # A session silent this long has its last turn finalised (`ended_by='idle_timeout'`)
         self.upstream_url = (upstream_url or os.environ.get('CLAWGYM_UPSTREAM_BASE_URL') or '').rstrip('/')
         if not self.upstream_url:
             raise ClawError('no upstream: pass upstream_url or set CLAWGYM_UPSTREAM_BASE_URL', field='upstream_url')
@@ -359,6 +362,17 @@ class RecordingProxy(_Forwarding, _Pairing, _Records, BackgroundServer):
         self._lock, self._idle = threading.RLock(), threading.Condition()
         self._in_flight, self._upstream_model = 0, None
         super().__init__(_ProxyHandler, host, port)
+        self.session_idle_s = session_idle_s
+        if session_idle_s: threading.Thread(target=self._sweep, daemon=True, name='proxy-idle-sessions').start()
+
+    def _sweep(self):
+        "Finalise the pending turn of every session silent for `session_idle_s` (a user who never ends a session), until closed."
+        while not self.closed:
+            time.sleep(min(1.0, self.session_idle_s / 4))
+            now = time.monotonic()
+            with self._lock:
+                for s in self._sessions.values():
+                    if s.pending and now - s.t_last > self.session_idle_s: self._end(s, 'idle_timeout')
 
     def pause(self, lease_s:float|None=None):
         "Answer new calls with 503 until `resume()`, or until `lease_s` seconds pass (a trainer that dies mid-sync cannot leave it shut)."

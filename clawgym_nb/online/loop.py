@@ -23,6 +23,7 @@ LOOP_DEFAULTS = {'model': 'small', 'lora_r': 16, 'device': 'cpu', 'engine': 'aut
                  'threads': 1,       # torch threads of the serving and the training process each (2 cores: one each)
                  'train_nice': 10,   # the trainer runs at a lower priority than serving
                  'update_threads': 2,  # torch threads of the trainer's update, while serving is paused (it is idle then)
+                 'session_idle_s': 300,  # the proxy finalises a session silent this long (a user who never ends it)
                  'user_sessions': {},  # user -> sessions, where a user has other than sessions_per_user (a flooding adversary)
                  # the poisoning guard (`online/05a_guard`); the defaults leave it off
                  'max_user_share': 1.0, 'max_grad_share': 1.0, 'heldout_margin': None, 'heldout_users': [], 'heldout_n': 2}
@@ -34,7 +35,8 @@ def loop_config(folder:str|Path, **over) -> dict:
     bad = sorted(set(over) - set(LOOP_DEFAULTS))
     if bad: raise ClawError(f'unknown loop settings {bad}; known: {sorted(LOOP_DEFAULTS)}', field=bad[0])
     cfg = {**LOOP_DEFAULTS, **(json.loads(f.read_text()) if f.is_file() else {}), **over}
-    atomic_write_json(f, cfg); return cfg
+    if over or not f.is_file(): atomic_write_json(f, cfg)     # the parts only read it
+    return cfg
 
 def part_url(folder:Path, part:str, timeout:float=0) -> str:
     "The URL a running part announced in `parts/<part>.json` (waiting up to `timeout` seconds for it)."
@@ -107,10 +109,10 @@ LIGHT_PARTS = ('proxy', 'judge', 'users')
 def run_part(part:str, folder:str|Path) -> int:
     "Run a part that needs no model (proxy, judge, users) in this process; `online/09_trainer` runs serve and train."
     if part not in LIGHT_PARTS: raise ClawError(f'{part!r} is not run here; this module runs {list(LIGHT_PARTS)}', field='part')
-    folder = Path(folder); loop_config(folder)
+    folder = Path(folder); cfg = loop_config(folder)
     if part == 'users': print(json.dumps(run_users(folder))); return 0
     if part == 'proxy':
-        srv = RecordingProxy(part_url(folder, 'serve', 120) + '/v1', out_dir=folder/'records', collect_logprobs=True)
+        srv = RecordingProxy(part_url(folder, 'serve', 120) + '/v1', out_dir=folder/'records', collect_logprobs=True, session_idle_s=cfg['session_idle_s'])
         return serve_until_stopped(srv, folder, part, srv.base_url)
     srv = serve(RuleJudge(), model='rule-judge', concurrent=True)
     return serve_until_stopped(srv, folder, part, srv.url)

@@ -13,7 +13,7 @@ from .judges import judge_turn, hint_turn
 __all__ = ['SKIP_REASONS', 'UNJUDGED', 'next_state_of', 'turn_sample', 'SampleLedger', 'proxy_records', 'collect']
 
 # %% ../../nbs/online/05_samples.ipynb #5bb33999
-SKIP_REASONS = ('side turn', 'no next state', 'stale', 'no token ids', 'no signal')
+SKIP_REASONS = ('side turn', 'no session id', 'no next state', 'stale', 'no token ids', 'judge unparsable', 'no signal')
 UNJUDGED = 'judge unavailable'   # every vote failed: not a decision, the record waits for the judge
 
 def next_state_of(rec:dict) -> dict|None:
@@ -31,6 +31,7 @@ def turn_sample(rec:dict,                  # A proxy record (kind 'turn')
     "The training sample a recorded turn makes, or (None, why it makes none)."
     if stale not in ('drop', 'downweight'): raise ClawError(f"stale is 'drop' or 'downweight', not {stale!r}", field='stale')
     if rec.get('turn_type', 'main') != 'main': return None, 'side turn'
+    if rec.get('session_from') == 'default': return None, 'no session id'     # the proxy's default session mixes conversations
     state = next_state_of(rec)
     if state is None: return None, 'no next state'
     version = int(rec.get('weight_version') or 0); lag = version_now - version
@@ -42,7 +43,7 @@ def turn_sample(rec:dict,                  # A proxy record (kind 'turn')
     hint_out = hint_turn(hint_judge, ctx, resp, state, m=m) if hint_judge is not None else {'hints': [], 'accepted': 0, 'rejected': 0, 'failed': 0}
     if hint_out['failed'] == m: return None, UNJUDGED
     kind = dispatch_turn(prm_out['score'], hint_out['hints'])
-    if kind is None: return None, 'no signal'
+    if kind is None: return None, 'judge unparsable' if prm_out['unparsable'] == m - prm_out['failed'] > 0 else 'no signal'
     lp = (rec.get('logprobs') or {}).get('content') or []
     return {'id': rec['request_id'], 'session_id': rec['session_id'], 'turn': rec.get('turn'), 'version': version,
             'weight': 0.5 ** max(0, lag - max_staleness), 'kind': kind, 'reward': prm_out['score'] if kind != 'opd' else 0,
@@ -67,7 +68,8 @@ class SampleLedger:
         rid = rec['request_id']
         if rid in self.judged: raise ClawError(f'record {rid} was judged already', file=str(self.folder/'judged.jsonl'), field='record')
         if sample is not None: append_jsonl(self.folder/'samples.jsonl', sample); self.samples[sample['id']] = sample
-        entry = {'record': rid, 'session_id': rec.get('session_id'), 'sample': sample['id'] if sample else None, 'skipped': reason, 't': round(time.time(), 3)}
+        entry = {'record': rid, 'session_id': rec.get('session_id'), 'sample': sample['id'] if sample else None, 'skipped': reason,
+                 'ended_by': rec.get('ended_by'), 't': round(time.time(), 3)}
         append_jsonl(self.folder/'judged.jsonl', entry); self.judged[rid] = entry
 
     def pending(self) -> list[dict]:

@@ -161,9 +161,10 @@ class OnlineLoop:
             time.sleep(0.05)
         return p
 
-    def start(self):
-        "Serving, proxy and judge first (each waits for the one before), then trainer and users."
-        for part in ('serve', 'proxy') + (('judge',) if self.cfg['judge'] == 'process' else ()) + ('train', 'users'): self.start_part(part)
+    def start(self, train:bool=True):
+        "Serving, proxy and judge first (each waits for the one before), then trainer and users (`train=False`: no trainer, no judge: serving alone, a baseline)."
+        for part in ('serve', 'proxy') + (('judge',) if self.cfg['judge'] == 'process' and train else ()) + (('train',) if train else ()) + ('users',):
+            self.start_part(part)
         return self
 
     def kill(self, part:str):
@@ -171,12 +172,10 @@ class OnlineLoop:
         p = self.procs[part]; os.killpg(p.pid, signal.SIGKILL); p.wait(10)
 
     def wait(self, timeout:float=3600) -> dict:
-        "Wait for the users and the trainer to finish; their exit codes."
-        t0 = time.monotonic()
-        for part in ('users', 'train'):
-            p = self.procs[part]
-            p.wait(max(1, timeout - (time.monotonic() - t0)))
-        return {part: self.procs[part].returncode for part in ('users', 'train')}
+        "Wait for the users and the trainer (if started) to finish; their exit codes."
+        t0, parts = time.monotonic(), [p for p in ('users', 'train') if p in self.procs]
+        for part in parts: self.procs[part].wait(max(1, timeout - (time.monotonic() - t0)))
+        return {part: self.procs[part].returncode for part in parts}
 
     def stop(self) -> list:
         "SIGTERM every part, SIGKILL what is left after 10 s; the parts that had to be killed."
