@@ -121,7 +121,10 @@ def test_rl_curves_points_and_variance(smoke_run):
 
 def test_paper_tables_give_a_verdict_per_trend(smoke_run):
     folders = smoke_run[1]; m = metrics(folders, 'paper_tables')
-    assert len(m['verdicts']) == 6 and set(m['verdicts'].values()) <= {'agrees', 'disagrees', 'no signal', 'partly', 'not run'}
+    assert len(m['verdicts']) == 9 and set(m['verdicts'].values()) <= {'agrees', 'disagrees', 'no signal', 'partly', 'not run'}
+    ocrl = {t: v for t, v in m['verdicts'].items() if t.startswith('OpenClaw-RL')}
+    assert len(ocrl) == 3 and ocrl['OpenClaw-RL: a step-wise PRM reward beats the outcome reward alone for general agents'] == 'not run'
+    assert 'not run' not in [v for t, v in ocrl.items() if 'aligns' in t]     # the personal experiment ran before it (AFTER)
     assert m['not_run'] == [] or missing_data('pinchbench')   # run after every experiment it reads (AFTER)
     table = pd.read_csv(folders['paper_tables']/'tables'/'paper_vs_this_run.csv')
     assert (table.scale == 'smoke').all() and table.paper.notna().all()
