@@ -71,7 +71,9 @@ def heldout_score(model, tok, probes:list, max_new_tokens:int=96) -> dict:
     model.train(was)
     replies = tok.batch_decode(out[:, enc['input_ids'].shape[1]:], skip_special_tokens=True)
     ratings = [rate(p['user'], r, p['problem']['answer'])['rating'] for p, r in zip(probes, replies)]
-    per = {u: round(sum(x for p, x in zip(probes, ratings) if p['user'] == u) / sum(p['user'] == u for p in probes), 4) for u in dict.fromkeys(p['user'] for p in probes)}
+    by_user = {}
+    for p, x in zip(probes, ratings): by_user.setdefault(p['user'], []).append(x)
+    per = {u: round(sum(xs) / len(xs), 4) for u, xs in by_user.items()}
     return {'mean': round(sum(ratings) / len(ratings), 4), 'per_user': per, 'replies': replies}
 
 # %% ../../nbs/online/05a_guard.ipynb #7ced1d24

@@ -3,12 +3,12 @@
 # %% ../../nbs/online/09_trainer.ipynb #8319bd8f
 from __future__ import annotations
 import json, os, signal, subprocess, sys, time
+from collections import Counter
 from pathlib import Path
 import httpx
 from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
 from ..env.policies import make_policy
 from ..agents.models import load_model
-from collections import Counter
 from .samples import SampleLedger, collect, UNJUDGED
 from .guard import heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
 from .users import ADVERSARIES
