@@ -98,6 +98,43 @@ def test_grpo_loss_reports_the_engine_log_prob_drift(tiny):
     assert st['logp_drift'] == pytest.approx(0.25, abs=1e-4) and st['tokens'] == 13
 
 
+def test_per_token_advantages(tiny):
+    "One advantage per token: a list equal to the scalar everywhere gives the scalar's loss and gradient; None tokens take no loss."
+    tok, model = tiny
+    seqs = _seqs(tok, 1.0, -1.0)
+    model.zero_grad(set_to_none=True); st = grpo_loss(model, seqs, autocast=False); g = _grads(model)
+    as_lists = [(ids, m, [a] * len(ids)) for ids, m, a in seqs]
+    model.zero_grad(set_to_none=True); st2 = grpo_loss(model, as_lists, autocast=False)
+    assert st2['loss'] == pytest.approx(st['loss'], abs=1e-7) and st2['tokens'] == st['tokens']
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(g, _grads(model)))
+    (i1, m1, _), (i2, m2, _) = seqs                     # s2's last 4 generated tokens push up (+2), its first 5 have no loss
+    a2 = [None if k < len(i2) - 4 else 2.0 for k in range(len(i2))]
+    st3 = grpo_loss(model, [(i1, m1, [1.0] * len(i1)), (i2, m2, a2)], autocast=False, backward=False)
+    assert st3['tokens'] == 4 + 4 and st3['loss'] == pytest.approx(-(4 * 1.0 + 4 * 2.0) / 8, abs=1e-6)   # ratio 1: -sum(adv) / tokens
+    with pytest.raises(ClawError) as e: grpo_loss(model, [(i1, m1, [1.0, 2.0])], autocast=False, backward=False)
+    assert e.value.field == 'advantage'
+    assert grpo._moves(0.0) is False and grpo._moves([None, 0.0]) is False and grpo._moves([None, -0.5]) and grpo._moves(None) is False
+
+
+def test_an_advantage_hook_decides_what_trains(store, tmp_path):
+    "`advantages=` replaces the outcome's: per-token advantages reach the loss and its statistics reach the step record."
+    seen = []
+    def first_turn_only(groups):
+        out = []
+        for g in groups:
+            seen.append(len(g)); row = []
+            for p, e in g:
+                first = p.mask.index(1) if 1 in p.mask else len(p.mask)
+                row.append([1.0 if k >= first and p.mask[k] else None for k in range(len(p.ids))])
+            out.append(row)
+        return out, {'hook_groups': len(groups)}
+    grpo_train('tiny', store, tmp_path, steps=1, advantages=first_turn_only, bf16=False, **SMALL, **QUIET)
+    [r] = read_jsonl(tmp_path/'steps.jsonl')
+    assert seen == [2, 2] and r['hook_groups'] == 2 and r['zero_variance_groups'] == 0
+    assert r['trained_sequences'] == 4 and r['trained_tokens'] > 0
+    assert json.loads((tmp_path/'adapter'/'state.json').read_text())['advantage'] == 'first_turn_only'
+
+
 @pytest.fixture(scope='module')
 def run(store, tmp_path_factory):
     out = tmp_path_factory.mktemp('grpo-run')

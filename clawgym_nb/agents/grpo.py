@@ -15,7 +15,8 @@ from .sft import save_model
 from .models import model_fingerprint, load_model, rung_label
 
 # %% auto #0
-__all__ = ['group_advantages', 'outcome_reward', 'clipped_surrogate', 'grpo_loss', 'grpo_train']
+__all__ = ['group_advantages', 'outcome_reward', 'clipped_surrogate', 'token_advantages', 'grpo_loss', 'outcome_advantages',
+           'grpo_train']
 
 # %% ../../nbs/agents/06_grpo.ipynb #67cbbbeb
 def group_advantages(rewards:list,          # Rewards of one group; None = the episode failed for infrastructure reasons
@@ -42,22 +43,30 @@ def clipped_surrogate(ratio,                    # exp(log pi - log pi_old) per t
     return -torch.min(ratio * advantage, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage)
 
 # %% ../../nbs/agents/06_grpo.ipynb #2414eb99
-def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine log-probs])]: mask 1 on generated tokens
+def token_advantages(seq:tuple) -> tuple[list, list]:
+    "A sequence's `(loss mask, per-token advantages)`: a scalar advantage on every generated token, or a list with one per token (None: no loss there)."
+    ids, mask, adv = seq[0], seq[1], seq[2]
+    if isinstance(adv, (int, float)): return list(mask), [float(adv)] * len(ids)
+    if len(adv) != len(ids): raise ClawError(f'{len(adv)} token advantages for a sequence of {len(ids)} tokens', field='advantage')
+    return [m if a is not None else 0 for m, a in zip(mask, adv)], [0.0 if a is None else float(a) for a in adv]
+
+def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine log-probs])]: mask 1 on generated tokens; advantage a number or one per token
               old_logps:list|None=None,     # Per-sequence log-probs of the sampling policy (None: this policy, detached)
               clip_low:float=0.2, clip_high:float=0.28, micro_batch:int=2, autocast:bool=True, backward:bool=True) -> dict:
     "Clipped per-token policy-gradient loss over `seqs`, backpropagated in micro-batches; returns statistics."
     import torch
     from trl.trainer.utils import selective_log_softmax, entropy_from_logits
     dev = next(model.parameters()).device
-    n_tok = sum(sum(s[1][1:]) for s in seqs) or 1
+    rows = [token_advantages(s) for s in seqs]
+    n_tok = sum(sum(m[1:]) for m, _ in rows) or 1
     stats = {'loss': 0.0, 'tokens': 0, 'entropy': 0.0, 'clipped': 0, 'drift': 0.0}
     def padded(rows, width, dtype): return torch.tensor([r + [0] * (width - len(r)) for r in rows], device=dev, dtype=dtype)
     for b in range(0, len(seqs), micro_batch):
         part = seqs[b:b + micro_batch]; width = max(len(s[0]) for s in part)
         ids = padded([s[0] for s in part], width, torch.long)
         att = padded([[1] * len(s[0]) for s in part], width, torch.long)
-        gen = padded([s[1] for s in part], width, torch.float32)[:, 1:]
-        adv = torch.tensor([s[2] for s in part], device=dev, dtype=torch.float32)[:, None]
+        gen = padded([m for m, _ in rows[b:b + micro_batch]], width, torch.float32)[:, 1:]
+        adv = padded([a for _, a in rows[b:b + micro_batch]], width, torch.float32)[:, 1:]   # token t's advantage on its own log-prob
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
         logp = selective_log_softmax(logits, ids[:, 1:])
@@ -118,18 +127,26 @@ def _load_trainee(model:str, out:Path, state:dict, lora_r, lr:float, device:str)
     if (out/'adapter'/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(out/'adapter'/'optimizer.pt'))
     return tok, net, opt
 
-def _training_batch(jobs:list, eps:dict, group_size:int) -> tuple:
-    "Group the step's episodes by prompt: `(sequences with a non-zero advantage, rewards, infrastructure failures, zero-variance groups)`."
+def outcome_advantages(groups:list) -> tuple[list, dict]:
+    "GRPO's advantages for a step's groups of `(policy, episode)`: each group's outcome rewards normalised within it; no extra statistics."
+    return [group_advantages([outcome_reward(e.record) for _, e in g]) for g in groups], {}
+
+def _moves(adv) -> bool:
+    "Whether an advantage (a number, or one per token) pushes any token."
+    return adv is not None and (bool(adv) if isinstance(adv, (int, float)) else any(a for a in adv if a is not None))
+
+def _training_batch(jobs:list, eps:dict, group_size:int, advantages=outcome_advantages) -> tuple:
+    "Group the step's episodes by prompt: `(sequences with a non-zero advantage, rewards, infrastructure failures, zero-variance groups, statistics)`."
+    groups = [[(jobs[k][2], eps[k]) for k in range(g0, g0 + group_size)] for g0 in range(0, len(jobs), group_size)]
+    advs, stats = advantages(groups)
     seqs, rewards, infra, zero_var = [], [], 0, 0
-    for g0 in range(0, len(jobs), group_size):
-        group = [(jobs[k][2], eps[k]) for k in range(g0, g0 + group_size)]
+    for group, adv in zip(groups, advs):
         rs = [outcome_reward(e.record) for _, e in group]
         infra += sum(1 for r in rs if r is None)
-        adv = group_advantages(rs)
-        if all(a in (None, 0.0) for a in adv): zero_var += 1
+        if not any(_moves(a) for a in adv): zero_var += 1
         rewards += [r for r in rs if r is not None]
-        seqs += [(p.ids, p.mask, a, p.logps) for (p, _), a in zip(group, adv) if a is not None and a != 0.0 and sum(p.mask)]
-    return seqs, rewards, infra, zero_var
+        seqs += [(p.ids, p.mask, a, p.logps) for (p, _), a in zip(group, adv) if _moves(a) and sum(p.mask)]
+    return seqs, rewards, infra, zero_var, stats
 
 # %% ../../nbs/agents/06_grpo.ipynb #e0fa2228
 def grpo_train(model:str,                 # Starting point: an SFT model folder or a rung
@@ -144,8 +161,9 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                engine:str='auto',         # How rollouts are generated: 'auto' (the packed engine on CPU), 'transformers', 'packed'
                weights:str|None=None,     # The packed engine's weight format (default: `CPU_WEIGHTS`)
                max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
+               advantages=outcome_advantages,   # groups of (policy, episode) -> (advantages: a number or one per token, or None; step statistics)
                log=print) -> dict:
-    "GRPO with the code verifier's outcome reward, one sandbox per rollout; resumable; logs per step."
+    "GRPO with the code verifier's outcome reward (or the advantages `advantages` makes), one sandbox per rollout; resumable; logs per step."
     import torch
     if kl_coef: raise ClawError('a KL term needs a reference model; ClawGym trains with kl_coef=0', field='kl_coef')
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
@@ -161,7 +179,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
-               start_model=start)
+               start_model=start, advantage=getattr(advantages, '__name__', type(advantages).__name__))
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
         net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s)})
     if state['step']: log(f"grpo: resuming after step {state['step']}")
@@ -173,7 +191,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         net.eval()
         eps = dict(run_parallel(lambda k, t, p: (k, run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s)), jobs, workers, progress=False))
         t_roll = time.monotonic() - t0; gen_s = gen.busy_s - busy0
-        seqs, rewards, infra, zero_var = _training_batch(jobs, eps, group_size)
+        seqs, rewards, infra, zero_var, adv_stats = _training_batch(jobs, eps, group_size, advantages)
         t1 = time.monotonic(); net.train(); opt.zero_grad()
         st = grpo_loss(net, seqs, clip_low=clip_low, clip_high=clip_high, micro_batch=micro_batch, autocast=bf16) if seqs else {'loss': 0.0, 'tokens': 0, 'entropy': None, 'clipped': 0}
         if seqs: torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0); opt.step()
@@ -187,7 +205,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                'step_s': round(t_step, 2), 'generate_s': round(gen_s, 2), 'sandbox_wait_s': round(max(0.0, t_roll - gen_s), 2),
                'train_s': round(t_train, 2), 'sandbox_wait_share': round(max(0.0, t_roll - gen_s) / t_step, 4),
                'gen_tokens_per_s': round((gen.tokens_out - tok0) / gen_s, 1) if gen_s else None,
-               'train_tokens_per_s': round(sum(len(s[0]) for s in seqs) / t_train, 1) if seqs and t_train else None}
+               'train_tokens_per_s': round(sum(len(s[0]) for s in seqs) / t_train, 1) if seqs and t_train else None, **adv_stats}
         if bench and (step % eval_every == 0 or step == steps):
             net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s); rec.update(b)
         _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 from ..core.basics import ClawError, atomic_write_json
 from ..syndata.synth import synthesize
-from ..env.tasks import load_tasks
+from ..env.tasks import load_tasks, save_task
 from ..syndata.bench import build_benchmark
 from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
 __all__ = ['ARM_LAYERS', 'content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
-           'episode_behaviour', 'sft_arm', 'eval_arm']
+           'episode_behaviour', 'sft_arm', 'eval_arm', 'rl_task_pool']
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
 # Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
@@ -175,3 +175,22 @@ def eval_arm(bench_dir:str|Path,       # Benchmark task store
            'eval_s': round(time.time() - t0, 1), 'episode_wall_max_s': round(max((r['wall_s'] or 0) for r in recs), 1) if recs else None}
     atomic_write_json(done, arm)    # written last: an interrupted evaluation has no arm.json and resumes in `evaluate`
     return {**arm, 'reused': False}
+
+# %% ../../nbs/agents/07_pipeline.ipynb #ed44d571
+def rl_task_pool(tasks:list,              # Candidate training tasks (`Task`s)
+                 folder:str|Path,         # Where the candidates are stored as a benchmark (written once)
+                 policy:str,              # The start's policy spec, played greedily
+                 min_tasks:int=1,         # Fewer partly solved tasks than this: use every candidate
+                 variance_filter:bool=True,
+                 root:str|Path|None=None, workers:int=1, **kw) -> tuple[list, dict]:
+    "The candidates the start solved partly (0 < score < 1), or all of them; with a row of counts and the greedy mean."
+    folder = Path(folder)
+    if not (folder/'index.jsonl').is_file():
+        for t in tasks: save_task(t, folder/t.task_id)
+    a = eval_arm(folder, policy, root=root, workers=workers, **kw)
+    sc = {r['task_id']: r['final_score'] for r in read_jsonl(Path(a['dir'])/'scores.jsonl')}
+    partly = [t for t in tasks if sc.get(t.task_id) is not None and 0 < sc[t.task_id] < 1]
+    fallback = variance_filter and len(partly) < min_tasks
+    pool = partly if variance_filter and not fallback else list(tasks)
+    return pool, {'candidates': len(sc), 'solved': sum(1 for v in sc.values() if v is not None and v >= 1), 'partly': len(partly),
+                  'zero': sum(1 for v in sc.values() if not v), 'rl_pool': len(pool), 'fallback_to_all': fallback, 'greedy_mean': a['mean']}

@@ -21,9 +21,12 @@ HINT_SYSTEM = ("You read what followed an assistant's turn. If it contains a cor
                "[HINT_START] and [HINT_END]. Otherwise answer \\boxed{-1}.")
 
 def _text(m) -> str:
+    "A message's text, its tool calls written out after it (`[tool call] name(arguments)`): a judge sees what a tool turn did."
     if isinstance(m, str): return m
     c = m.get('content') or ''
-    return c if isinstance(c, str) else ' '.join(p.get('text', '') for p in c if isinstance(p, dict))
+    text = c if isinstance(c, str) else ' '.join(p.get('text', '') for p in c if isinstance(p, dict))
+    calls = [f"[tool call] {t['function']['name']}({t['function'].get('arguments', '')})" for t in m.get('tool_calls') or []]
+    return '\n'.join([text] + calls).strip() if calls else text
 
 def judge_messages(kind:str,               # 'prm' or 'hint'
                    context:list,           # the turn's prompt messages
@@ -41,7 +44,7 @@ def judge_messages(kind:str,               # 'prm' or 'hint'
 CORRECTION = re.compile(r"\b(no|not|wrong|incorrect|redo|rewrite|again|instead|don'?t|do not|stop|too (?:long|short|formal|robotic|"
                         r"curt|cold)|i asked|i wanted|please (?:change|make|use|write|keep|remove|add))\b", re.I)
 THANKS = re.compile(r"\b(thanks|thank you|great|perfect|exactly|that works|works now|helpful|nice)\b", re.I)
-TOOL_ERROR = re.compile(r"(Traceback|\bError\b|error:|exit code [1-9]|No such file|Permission denied|command not found)", re.I)
+TOOL_ERROR = re.compile(r"(Traceback|\bError\b|error:|(?:exit code|exited with code) [1-9]|No such file|Permission denied|command not found)", re.I)
 _STATE = re.compile(r'<next_state role="(\w+)">\n(.*?)\n</next_state>', re.S)
 
 def _sentences(text:str) -> list[str]:
