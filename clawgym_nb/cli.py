@@ -18,6 +18,7 @@ from .syndata.validate import validate_store, format_report
 from .syndata.bench import build_benchmark
 from .syndata.diversity import diversity_report, write_diversity
 from .agents.teachers import rollouts
+from .agents.harness_fidelity import harness_compare
 from .agents import student   # registers the student: policy kind (the scripted teachers register on import above)
 from .env.docker_sandbox import build_base_image
 from .agents.gpu_check import gpu_check
@@ -53,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument('--weights', help='hybrid weights, e.g. code=0.7,rubric=0.3')
     ev.add_argument('--retry-errors', action='store_true'); ev.add_argument('--no-progress', action='store_true')
     ev.add_argument('--executor', default='thread', choices=['thread', 'ray'], help='ray: Ray tasks on RAY_ADDRESS or a local instance')
+    ev.add_argument('--harness', default='native', choices=['native', 'openclaw'], help='openclaw: the real OpenClaw agent (make openclaw)')
     pf = sub.add_parser('perf', help='benchmarks'); psub = pf.add_subparsers(dest='what', required=True)
     ps = psub.add_parser('sandbox', help='sandbox lifecycle and exec round trip')
     ps.add_argument('--providers', default='local,bwrap,docker'); ps.add_argument('--n', type=int, default=50)
@@ -92,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     ro.add_argument('--out', type=Path, required=True); ro.add_argument('--sandbox', default='auto')
     ro.add_argument('--max-turns', type=int, default=30); ro.add_argument('--no-progress', action='store_true')
     ro.add_argument('--executor', default='thread', choices=['thread', 'ray'], help='ray: Ray tasks on RAY_ADDRESS or a local instance')
+    ro.add_argument('--harness', default='native', choices=['native', 'openclaw'], help='openclaw: the real OpenClaw agent (make openclaw)')
     di = sub.add_parser('docker-image', help='build the offline base image for the docker sandbox (debootstrap + docker import)')
     di.add_argument('--tag', default=None)
     _train_parsers(sub)
@@ -130,6 +133,10 @@ def _train_parsers(sub):
     gc = sub.add_parser('gpu-check', help='SFT + a few GRPO steps on one GPU: tokens per second and peak memory')
     gc.add_argument('--model', default='small'); gc.add_argument('--sft-steps', type=int, default=20)
     gc.add_argument('--grpo-steps', type=int, default=3); gc.add_argument('--out', type=Path, default=None)
+    hc = sub.add_parser('harness-compare', help='one policy on the same tasks through the native harness and the real OpenClaw')
+    hc.add_argument('--tasks', type=Path, required=True); hc.add_argument('--policy', default='scripted:teacher')
+    hc.add_argument('--out', type=Path, required=True); hc.add_argument('--sandbox', default='bwrap', choices=['bwrap', 'docker'])
+    hc.add_argument('--workers', type=int, default=2); hc.add_argument('--max-turns', type=int, default=30)
 
 # %% ../nbs/02_cli.ipynb #e528ff3a
 def parse_weights(s:str|None) -> dict|None:
@@ -194,7 +201,7 @@ def _cmd(a) -> int:
     elif a.cmd == 'eval':
         evaluate(a.tasks, a.policy, a.out, provider=a.sandbox, workers=a.workers, judge=make_judge(a.judge),
                  max_turns=a.max_turns, weights=parse_weights(a.weights), retry_errors=a.retry_errors, progress=not a.no_progress,
-                 executor=a.executor)
+                 executor=a.executor, harness=a.harness)
     elif a.cmd == 'perf' and a.what == 'sandbox':
         res = benchmark_sandboxes(providers=tuple(p for p in a.providers.split(',') if p), n=a.n)
         if a.json: _print_json(res)
@@ -230,10 +237,13 @@ def _cmd(a) -> int:
         print('\n'.join(str(p) for p in paths.values()))
     elif a.cmd == 'rollouts':
         rollouts(a.tasks, a.policy, a.n_per_task, a.out, provider=a.sandbox, workers=a.workers, max_turns=a.max_turns,
-                 progress=not a.no_progress, executor=a.executor)
+                 progress=not a.no_progress, executor=a.executor, harness=a.harness)
     elif a.cmd == 'docker-image':
         print(build_base_image(**({'tag': a.tag} if a.tag else {})))
     elif a.cmd in ('sft', 'grpo'): return _train_cmd(a)
+    elif a.cmd == 'harness-compare':
+        print(json.dumps(harness_compare(a.tasks, a.policy, a.out, provider=a.sandbox, workers=a.workers, max_turns=a.max_turns,
+                                         log=lambda *x: print(*x, file=sys.stderr))))
     elif a.cmd == 'gpu-check':
         print(json.dumps(gpu_check(a.model, sft_steps=a.sft_steps, grpo_steps=a.grpo_steps, out_dir=a.out, log=lambda *x: print(*x, file=sys.stderr))))
     return 0

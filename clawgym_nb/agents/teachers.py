@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 from typing import Callable
-from ..core.basics import append_jsonl, atomic_write_json, read_jsonl
-from ..env.evaluate import as_tasks, check_executor, run_parallel
+from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
+from ..env.evaluate import HARNESSES, as_tasks, check_executor, run_parallel
 from ..env.policies import ScriptedPolicy, register_script, make_policy
 from ..env.agent import run_episode
+from ..env.openclaw_harness import run_openclaw_episode
 from ..syndata.opspec import OPERATIONS
 from ..syndata import ops_tabular, ops_files, ops_code   # register the atomic operations the teachers play
 
@@ -249,10 +250,10 @@ def reward_summary(records:list) -> dict:
             'tags': dict(Counter(t for r in records for t in r.get('behavior_tags') or []).most_common()),
             'errors': dict(Counter(r['error_class'] for r in records if r.get('error_class')))}
 
-def _rollout_one(task, policy:str, k:int, provider:str, max_turns:int) -> dict:
+def _rollout_one(task, policy:str, k:int, provider:str, max_turns:int, harness:str='native') -> dict:
     "Rollout `k` of `policy` on `task` as a trajectory record (module level: what a worker, thread or Ray task, runs)."
     pol = rollout_policy(policy, rollout=k)
-    ep = run_episode(task, pol, provider=provider, max_turns=max_turns)
+    ep = (run_openclaw_episode if harness == 'openclaw' else run_episode)(task, pol, provider=provider, max_turns=max_turns)
     return trajectory_record(ep, k, getattr(pol, 'tags', []))
 
 def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
@@ -264,21 +265,23 @@ def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
              max_turns:int=30,        # Turn cap per episode
              progress:bool=True,      # Show a progress bar
              log=print,
-             executor:str='thread') -> dict:  # `thread` (a thread pool) or `ray` (Ray tasks; `RAY_ADDRESS` or a local instance)
+             executor:str='thread',   # `thread` (a thread pool) or `ray` (Ray tasks; `RAY_ADDRESS` or a local instance)
+             harness:str='native') -> dict:  # `native` (the project's tools and loop) or `openclaw` (the real OpenClaw agent)
     "K rollouts per task in parallel sandboxes, one JSONL line per trajectory; resumes where an earlier call stopped."
+    if harness not in HARNESSES: raise ClawError(f'harness is one of {", ".join(HARNESSES)}, not {harness!r}', field='harness')
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tasks, errors = as_tasks(tasks, log)
     if tasks: rollout_policy(policy, task=tasks[0])   # a bad spec fails here, once
     check_executor(executor, task=tasks[0] if tasks else None)
     path = out/'trajectories.jsonl'
     done = {(r['task_id'], r['rollout']) for r in read_jsonl(path)}
-    todo = [(t, policy, k, provider, max_turns) for t in tasks for k in range(n_per_task) if (t.task_id, k) not in done]
+    todo = [(t, policy, k, provider, max_turns, harness) for t in tasks for k in range(n_per_task) if (t.task_id, k) not in done]
     if done: log(f'resuming: {len(done)} trajectories already in {path}, {len(todo)} to run')
     t0 = time.time()
     run_parallel(_rollout_one, todo, workers, desc=f'rollouts {policy}', unit='traj', progress=progress,
                  executor=executor, on_result=lambda rec: append_jsonl(path, rec))   # written here, in the driver
     summary = {**reward_summary(read_jsonl(path)), 'policy': policy, 'n_per_task': n_per_task, 'n_tasks': len(tasks),
-               'provider': provider, 'workers': workers, 'executor': executor, 'wall_s': round(time.time() - t0, 2), 'path': str(path)}
+               'provider': provider, 'harness': harness, 'workers': workers, 'executor': executor, 'wall_s': round(time.time() - t0, 2), 'path': str(path)}
     atomic_write_json(out/'summary.json', summary)
     log(f"rollouts {policy}: {summary['n']} trajectories, mean reward {summary['mean_reward']}, "
         f"share 1.0 {summary['share_1']}, share 0 {summary['share_0']}, in between {summary['share_between']} -> {path}")

@@ -12,13 +12,14 @@ from statistics import mean, median
 from ..core.basics import ClawError, append_jsonl, atomic_write_json, external_data, read_jsonl, require_same
 from .tasks import Task, load_task, load_tasks
 from .agent import run_episode
+from .openclaw_harness import run_openclaw_episode
 from .policies import make_policy, plugin_modules, policy_weights
 from .demo_tasks import make_demo_tasks
 from .grading import SpareGraders, _SPARE_POOLS, _clawgym_mean
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks', 'evaluate',
-           'benchmark_grading']
+__all__ = ['EXECUTORS', 'HARNESSES', 'summarise', 'format_summary', 'connect_ray', 'check_executor', 'run_parallel', 'as_tasks',
+           'evaluate', 'benchmark_grading']
 
 # %% ../../nbs/env/09_evaluate.ipynb #a367ef5e
 def summarise(records:list[dict]) -> dict:
@@ -138,9 +139,12 @@ def as_tasks(tasks, log=print) -> tuple[list, list]:
     return list(tasks), errors
 
 # %% ../../nbs/env/09_evaluate.ipynb #86bdc4dd
-def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights, max_wall_s=None):
+HARNESSES = ('native', 'openclaw')   # the project's Python tools and loop (env/07_agent), or the real OpenClaw (env/11_openclaw)
+
+def _eval_one(task, policy:str, provider:str, max_turns:int, judge, weights, max_wall_s=None, harness:str='native'):
     "Run and grade one episode (module level: what a worker, thread or Ray task, runs)."
-    return run_episode(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights, max_wall_s=max_wall_s)
+    play = run_openclaw_episode if harness == 'openclaw' else run_episode
+    return play(task, policy, provider=provider, max_turns=max_turns, judge=judge, weights=weights, max_wall_s=max_wall_s)
 
 # %% ../../nbs/env/09_evaluate.ipynb #9cb1006a
 def evaluate(tasks:str|Path|list,          # A task store folder or a list of `Task`
@@ -155,8 +159,10 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
              retry_errors:bool=False,      # On resume, also re-run tasks that ended with an error class
              progress:bool=True,           # Show a progress bar
              log=print,
-             executor:str='thread') -> dict:  # `thread` (a thread pool) or `ray` (Ray tasks; `RAY_ADDRESS` or a local instance)
+             executor:str='thread',        # `thread` (a thread pool) or `ray` (Ray tasks; `RAY_ADDRESS` or a local instance)
+             harness:str='native') -> dict:  # `native` (the project's tools and loop) or `openclaw` (the real OpenClaw agent)
     "Run `policy` on every task, grade, append to `scores.jsonl`; resumes where an earlier call stopped."
+    if harness not in HARNESSES: raise ClawError(f'harness is one of {", ".join(HARNESSES)}, not {harness!r}', field='harness')
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tasks, load_errors = as_tasks(tasks, log)
     make_policy(policy, task=tasks[0] if tasks else None)  # a bad spec fails here, once, not once per task
@@ -164,7 +170,7 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
     scores_path = out/'scores.jsonl'
     previous = {r['task_id']: r for r in read_jsonl(scores_path)}
     if retry_errors: previous = {k: r for k, r in previous.items() if not r.get('error_class')}
-    played_by, asked = out/'policy.json', {'policy': policy, 'weights': policy_weights(policy)}
+    played_by, asked = out/'policy.json', {'policy': policy, 'weights': policy_weights(policy), **({'harness': harness} if harness != 'native' else {})}
     if previous and played_by.is_file():   # resume only what the same policy, with the same weights, started
         require_same(json.loads(played_by.read_text()), asked, played_by, 'these scores were played', 'evaluate into another folder or move this one aside')
     atomic_write_json(played_by, asked)
@@ -178,12 +184,12 @@ def evaluate(tasks:str|Path|list,          # A task store folder or a list of `T
     t0 = time.time()
     spares = workers + 1 if executor == 'thread' and not _SPARE_POOLS else 0   # an open pool (a caller's) serves as it is
     with SpareGraders(spares):   # grader sandboxes made ahead: one per worker, and one more
-        run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights, max_wall_s) for t in todo], workers,
+        run_parallel(_eval_one, [(t, policy, provider, max_turns, judge, weights, max_wall_s, harness) for t in todo], workers,
                      desc=f'eval {policy}', progress=progress, executor=executor, on_result=write)
     records = read_jsonl(scores_path)
     if retry_errors:  # the latest line per task wins
         records = list({r['task_id']: r for r in records}.values())
-    summary = {**summarise(records), 'policy': policy, 'provider': provider, 'workers': workers, 'executor': executor,
+    summary = {**summarise(records), 'policy': policy, 'harness': harness, 'provider': provider, 'workers': workers, 'executor': executor,
                'wall_s': round(time.time() - t0, 2), 'load_errors': [{'file': f, 'error': e} for f, e in load_errors]}
     atomic_write_json(out/'summary.json', summary)
     log(format_summary(summary))
