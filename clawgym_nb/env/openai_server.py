@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/08_openai_server.ipynb #4794f5b7
 from __future__ import annotations
-import inspect, json, re, socket, threading, time, uuid
+import inspect, json, re, socket, sys, threading, time, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 from ..core.basics import ClawError
@@ -136,14 +136,20 @@ class JSONHandler(_Responses, BaseHTTPRequestHandler):
     def do_POST(self): self._dispatch(self.POST)
 
 # %% ../../nbs/env/08_openai_server.ipynb #f665ac2b
+class _Server(ThreadingHTTPServer):
+    "Threads per request; a client that hangs up mid-request (a reset, a broken pipe) is not a traceback on stderr."
+    daemon_threads = True
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)): return
+        super().handle_error(request, client_address)
+
 class BackgroundServer:
     "A `ThreadingHTTPServer` for `handler` on a daemon thread, with `.url`, `.base_url`, `.close()`; a context manager."
     def __init__(self,
                  handler:type[JSONHandler], # The request handler class (sees this object as `self.app`)
                  host:str='127.0.0.1',      # Interface to bind
                  port:int=0):               # Port; 0 picks a free one
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), handler)
         self.httpd.app = self
         self.host, self.port = self.httpd.server_address[:2]
         self.closed, self._conns = False, set()

@@ -11,7 +11,7 @@ from ..core.basics import ClawError, WORKSPACE_MOUNT, write_jsonl
 
 # %% auto #0
 __all__ = ['SYSTEM_EVENT', 'openai_to_openclaw', 'openclaw_to_openai', 'save_openclaw_jsonl', 'load_openclaw_jsonl',
-           'final_message', 'tool_calls_in']
+           'final_message', 'tool_calls_in', 'load_openclaw_sqlite', 'load_openclaw_session']
 
 # %% ../../nbs/env/03_transcript.ipynb #ce7de000
 SYSTEM_EVENT = 'clawgym.system'  # customType of the event that carries a system (or developer) message
@@ -205,3 +205,31 @@ def tool_calls_in(events:list[dict]) -> list[dict]:
     return [b for ev in events if ev.get('type') == 'message' and (ev.get('message') or {}).get('role') == 'assistant'
             for b in ((ev['message'].get('content') or []) if isinstance(ev['message'].get('content'), list) else [])
             if isinstance(b, dict) and b.get('type') == 'toolCall']
+
+# %% ../../nbs/env/03_transcript.ipynb #3cda3355
+def load_openclaw_sqlite(db:str|Path,              # An OpenClaw SQLite store (`openclaw-agent.sqlite`)
+                         session_id:str|None=None, # One session, or every session in it (in session order)
+                        ) -> list[dict]:
+    "The session events in an OpenClaw SQLite transcript store, in order."
+    import sqlite3, zstandard
+    if not Path(db).is_file(): raise ClawError('no OpenClaw transcript store', file=str(db), field='transcript')
+    con = sqlite3.connect(f'file:{db}?mode=ro', uri=True)
+    try:
+        q = 'SELECT event_json, event_zstd, event_utf8_bytes FROM transcript_events' + (' WHERE session_id = ?' if session_id else '') + ' ORDER BY session_id, seq'
+        rows = con.execute(q, (session_id,) if session_id else ()).fetchall()
+    except sqlite3.DatabaseError as e: raise ClawError(f'not an OpenClaw transcript store: {e}', file=str(db), field='transcript') from None
+    finally: con.close()
+    unz = zstandard.ZstdDecompressor()
+    return [json.loads(j if j is not None else unz.decompress(z, max_output_size=n).decode()) for j, z, n in rows]
+
+def load_openclaw_session(path:str|Path) -> list[dict]:
+    "An OpenClaw session as events, from a JSONL file or an SQLite store, plain or zstd-compressed (`.sqlite.zst`), by its suffixes."
+    path = Path(path)
+    if path.suffixes[-2:] == ['.sqlite', '.zst']:
+        import tempfile, zstandard
+        if not path.is_file(): raise ClawError('no OpenClaw transcript store', file=str(path), field='transcript')
+        with tempfile.TemporaryDirectory(prefix='clawgym-store-') as d:
+            try: (Path(d)/'store.sqlite').write_bytes(zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes()))
+            except zstandard.ZstdError as e: raise ClawError(f'not zstd-compressed: {e}', file=str(path), field='transcript') from None
+            return load_openclaw_sqlite(Path(d)/'store.sqlite')
+    return load_openclaw_sqlite(path) if path.suffix in ('.sqlite', '.db') else load_openclaw_jsonl(path)

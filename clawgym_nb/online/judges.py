@@ -8,8 +8,8 @@ from ..env.policies import PolicyError, assistant_message, register_policy_kind
 from .signals import parse_vote, majority_vote, parse_hint, accept_hints
 
 # %% auto #0
-__all__ = ['PRM_SYSTEM', 'HINT_SYSTEM', 'CORRECTION', 'THANKS', 'TOOL_ERROR', 'judge_messages', 'rule_judgement', 'RuleJudge',
-           'judge_turn', 'hint_turn']
+__all__ = ['PRM_SYSTEM', 'HINT_SYSTEM', 'CORRECTION', 'THANKS', 'TOOL_ERROR', 'message_text', 'judge_messages', 'rule_judgement',
+           'RuleJudge', 'judge_turn', 'hint_turn']
 
 # %% ../../nbs/online/03_judges.ipynb #48900c35
 PRM_SYSTEM = ("You judge one turn of a personal assistant by what happened next. +1: the turn made progress (the user is "
@@ -20,7 +20,7 @@ HINT_SYSTEM = ("You read what followed an assistant's turn. If it contains a cor
                "answer \\boxed{1} and write that correction as a hint of 1-3 sentences addressed to the assistant between "
                "[HINT_START] and [HINT_END]. Otherwise answer \\boxed{-1}.")
 
-def _text(m) -> str:
+def message_text(m) -> str:
     "A message's text, its tool calls written out after it (`[tool call] name(arguments)`): a judge sees what a tool turn did."
     if isinstance(m, str): return m
     c = m.get('content') or ''
@@ -35,9 +35,9 @@ def judge_messages(kind:str,               # 'prm' or 'hint'
                    context_turns:int=4) -> list[dict]:
     "The chat a judge model gets for one turn."
     if kind not in ('prm', 'hint'): raise ClawError(f"judge kind is 'prm' or 'hint', not {kind!r}", field='kind')
-    shown = '\n'.join(f"[{m.get('role')}] {_text(m)}" for m in context[-context_turns:] if m.get('role') != 'system')
-    body = (f"<conversation>\n{shown}\n</conversation>\n<response>\n{_text(response)}\n</response>\n"
-            f"<next_state role=\"{next_state.get('role', 'user')}\">\n{_text(next_state)}\n</next_state>")
+    shown = '\n'.join(f"[{m.get('role')}] {message_text(m)}" for m in context[-context_turns:] if m.get('role') != 'system')
+    body = (f"<conversation>\n{shown}\n</conversation>\n<response>\n{message_text(response)}\n</response>\n"
+            f"<next_state role=\"{next_state.get('role', 'user')}\">\n{message_text(next_state)}\n</next_state>")
     return [{'role': 'system', 'content': PRM_SYSTEM if kind == 'prm' else HINT_SYSTEM}, {'role': 'user', 'content': body}]
 
 # %% ../../nbs/online/03_judges.ipynb #bd25dde2
@@ -70,9 +70,9 @@ class RuleJudge:
     "The offline judge as a policy (`judge:rules`): reads which judge it is from the system prompt, answers by `rule_judgement`."
     name = 'judge:rules'
     def __call__(self, messages:list, tools:list|None=None) -> dict:
-        sys_msg = next((_text(m) for m in messages if m.get('role') == 'system'), '')
+        sys_msg = next((message_text(m) for m in messages if m.get('role') == 'system'), '')
         kind = 'hint' if sys_msg.startswith(HINT_SYSTEM[:40]) else 'prm'
-        return assistant_message(rule_judgement(kind, _text(messages[-1])))
+        return assistant_message(rule_judgement(kind, message_text(messages[-1])))
 
 def _judge_kind(rest, task, **kw):
     if rest != 'rules': raise ClawError(f'the only offline judge is judge:rules, not judge:{rest}', field='--judge')
@@ -84,7 +84,7 @@ register_policy_kind('judge', _judge_kind, 'judge:rules')
 def _samples(judge, msgs:list, m:int) -> tuple[list, int]:
     replies, failed = [], 0
     for _ in range(m):
-        try: replies.append(_text(judge(msgs, [])))
+        try: replies.append(message_text(judge(msgs, [])))
         except PolicyError: failed += 1; replies.append(None)
     return replies, failed
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from statistics import mean
 from ..agents.grpo import outcome_reward
-from .judges import judge_turn, _text
+from .judges import judge_turn, message_text
 from .signals import stepwise_advantages, stepwise_reward
 
 # %% auto #0
@@ -30,7 +30,7 @@ def turn_next_states(messages:list) -> list[tuple[list, dict, dict|None]]:
             if n.get('role') == 'tool': after.append(n); continue
             if n.get('role') == 'user' and not after: after.append(n)
             break
-        state = None if not after else after[0] if after[0]['role'] == 'user' else {'role': 'tool', 'content': '\n'.join(_text(n) for n in after)}
+        state = None if not after else after[0] if after[0]['role'] == 'user' else {'role': 'tool', 'content': '\n'.join(message_text(n) for n in after)}
         out.append((messages[:i], m, state))
     return out
 
