@@ -25,13 +25,14 @@ PROVIDERS = ['bwrap', pytest.param('docker', marks=pytest.mark.docker)]   # dock
 
 
 def _isolated(provider:str):
-    "Skip a docker case whose base image is missing; nothing may be left running in either provider."
+    "Skip a docker case whose base image is missing."
     if provider == 'docker':
         from clawgym_nb.env.docker_sandbox import DockerSandbox
         if (why := DockerSandbox.probe()): pytest.skip(f'docker sandbox unavailable: {why}')
 
 
 def _left_over(provider:str) -> list:
+    "What an episode left running: sandbox processes (bwrap) or this process's containers (docker)."
     if provider != 'docker': return _sandbox_processes()
     from clawgym_nb.env.docker_sandbox import project_containers, owner_id
     return project_containers(owner_id())
@@ -156,13 +157,11 @@ def test_16_concurrent_openclaw_episodes_leave_nothing():
 @pytest.mark.docker
 def test_gold_in_openclaw_under_docker_leaves_no_container():
     "The same episode in a container: the workspace at OpenClaw's path, Node and OpenClaw mounted read-only, the endpoint through the socket."
-    from clawgym_nb.env.docker_sandbox import DockerSandbox, project_containers, owner_id
-    why = DockerSandbox.probe()
-    if why: pytest.skip(f'docker sandbox unavailable: {why}')
+    _isolated('docker')
     ep = run_openclaw_episode(TASK[0], 'scripted:gold', provider='docker')
     assert ep.record['provider'] == 'docker' and ep.record['error_class'] is None, ep.record['error']
     assert ep.record['final_score'] == 1.0 and set(ep.files) == {'openclaw.sqlite.zst', 'proxy.jsonl'} and ep.messages[0]['role'] == 'user'
-    assert project_containers(owner_id()) == []
+    assert _left_over('docker') == []
 
 
 @needs
