@@ -74,7 +74,7 @@ check-sync: env
 
 # CI gates 2 and 3: every notebook as a pytest test, then tests/.
 test: env sysdeps openclaw check-sync docker-up
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=12 tests
 
 run: env sysdeps
 	$(BIN)/clawgym-nb run-all --scale $(SCALE)

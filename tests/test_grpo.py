@@ -201,3 +201,35 @@ def test_cli_grpo_prints_one_json_line(store, tmp_path):
     assert rec['steps_done'] == 1 and rec['group_size'] == 2 and [b['step'] for b in rec['bench']] == [0, 1]
     assert rec['bench'][0]['bench_n'] + rec['bench'][0]['bench_infra_failed'] == 4
     assert len(read_jsonl(tmp_path/'steps.jsonl')) == 1 and 'grpo step 1/1' in err.getvalue()
+
+
+def _full_vocab_loss(model, seqs, old_logps, clip_low=0.2, clip_high=0.28):
+    "The loss written the plain way: logits and log-softmax at every position of every (unpadded) sequence, masked afterwards."
+    total, n_tok = 0.0, 0
+    for ids, mask, adv in seqs:
+        lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        logp = lp.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+        m, a = grpo.token_advantages((ids, mask, adv))
+        on = torch.tensor(m[1:], dtype=torch.float32)
+        ratio = torch.exp(logp - torch.tensor(old_logps.pop(0)))
+        total = total + (grpo.clipped_surrogate(ratio, torch.tensor(a[1:]), clip_low, clip_high) * on).sum()
+        n_tok += int(on.sum())
+    return total / n_tok
+
+
+def test_grpo_loss_takes_logits_only_where_it_trains(tiny):
+    "Logits at the trained positions only (padding, prompt and tool output skipped) give the full-vocabulary loss and gradient."
+    tok, model = tiny
+    (s1, m1, _), (s2, m2, _) = _seqs(tok, 0.0, 0.0)
+    m2 = m2[:-5] + [0, 0] + m2[-3:]                             # a gap inside the generated part, as a tool result leaves
+    a1 = [None] * (len(s1) - 2) + [2.0, -1.0]                    # per-token advantages, None where nothing trains
+    seqs = [(s1, m1, a1), (s2, m2, -0.5), (s1[:-1], m1[:-1], 1.0)]
+    g = torch.Generator().manual_seed(0)
+    old = [(-torch.rand(len(s[0]) - 1, generator=g) * 4).tolist() for s in seqs]   # far from the policy: some ratios clip
+    model.zero_grad(set_to_none=True)
+    ref = _full_vocab_loss(model, seqs, list(old)); ref.backward(); want = _grads(model)
+    model.zero_grad(set_to_none=True)
+    st = grpo_loss(model, seqs, old_logps=old, autocast=False, micro_batch=2)
+    assert st['loss'] == pytest.approx(float(ref), rel=1e-5) and st['clipped'] > 0
+    assert st['tokens'] == 2 + sum(m2[1:]) + sum(m1[1:-1])
+    for a, b in zip(_grads(model), want): assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)

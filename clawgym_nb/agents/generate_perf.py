@@ -5,7 +5,7 @@
 # %% ../../nbs/agents/04a_generate_perf.ipynb #1f99ff76
 from __future__ import annotations
 import platform, threading, time
-from ..core.basics import ClawError
+from ..core.basics import ClawError, release_openmp_threads
 from ..env.demo_tasks import make_demo_tasks
 from ..env.policies import smollm2_gguf
 from .models import load_model
@@ -42,6 +42,7 @@ def _turns(g:Generator, prompts:list, new:int) -> tuple:
     "Decode `new` tokens for every prompt at once through `g` (one thread per turn, as concurrent episodes call it)."
     outs = [None] * len(prompts)
     def one(i): outs[i] = g.generate_logps(prompts[i], new)
+    release_openmp_threads()      # the caller waits, as `evaluate` and `rollouts` do (see core/00_basics)
     th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     [t.start() for t in th]; [t.join() for t in th]
     return outs
@@ -79,6 +80,11 @@ def bench_transformers_generate(tok, model, prompts:list, new:int) -> dict:
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #829205f2
 _QUIET = []
+def _amx_cpu() -> bool:
+    "Whether this CPU has AMX tiles (Linux: /proc/cpuinfo flags)."
+    try: return ' amx_tile' in open('/proc/cpuinfo').read()
+    except OSError: return False
+
 def _quiet_llama_cpp(L):
     "Route llama.cpp's log lines (a few thousand per model load) to nowhere, once per process."
     import ctypes
@@ -90,6 +96,7 @@ def _llama_cpp_runner(gguf, rows:int, ctx_tokens:int, threads:int=2):
     import llama_cpp as L
     _quiet_llama_cpp(L); L.llama_backend_init()
     mp = L.llama_model_default_params()
+    mp.use_extra_bufts = not _amx_cpu()           # llama.cpp's AMX kernels crash on this model (see `bench_llama_cpp`)
     model = L.llama_model_load_from_file(str(gguf).encode(), mp)
     cp = L.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = ctx_tokens, 2048, 512, rows
@@ -128,6 +135,8 @@ def bench_llama_cpp(prompts:list, new:int, threads:int=2) -> dict:
         _, t_pre, t_dec = run(prompts[:rows], new)
         out[f'decode_{rows}_tok_s'] = round(rows * (new - 1) / t_dec, 1)
         if rows == len(prompts): out['prefill_tok_s'] = round(sum(map(len, prompts)) / t_pre, 1)
+    if _amx_cpu(): out['note'] = ('AMX CPU: extra buffer types (AMX, repacked layouts) off; with them on, llama-cpp-python 0.3.36 '
+                                 'segfaults in ggml_backend_amx_mul_mat on this GGUF')
     return out
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #7886cbf4

@@ -65,22 +65,23 @@ def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine l
         part = seqs[b:b + micro_batch]; width = max(len(s[0]) for s in part)
         ids = padded([s[0] for s in part], width, torch.long)
         att = padded([[1] * len(s[0]) for s in part], width, torch.long)
-        gen = padded([m for m, _ in rows[b:b + micro_batch]], width, torch.float32)[:, 1:]
-        adv = padded([a for _, a in rows[b:b + micro_batch]], width, torch.float32)[:, 1:]   # token t's advantage on its own log-prob
+        on = padded([m for m, _ in rows[b:b + micro_batch]], width, torch.long)[:, 1:] > 0   # token t+1 is trained: logits at t
+        if not on.any(): continue
+        adv = padded([a for _, a in rows[b:b + micro_batch]], width, torch.float32)[:, 1:][on]   # token t's advantage on its own log-prob
+        keep = torch.cat([on, on.new_zeros(len(part), 1)], 1)         # logits (and the vocabulary-wide softmax) only where trained
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
-        logp = selective_log_softmax(logits, ids[:, 1:])
-        old = logp.detach() if old_logps is None else torch.tensor([o + [0.0] * (width - 1 - len(o)) for o in old_logps[b:b + micro_batch]], device=dev)
+            logits = model(input_ids=ids, attention_mask=att, logits_to_keep=keep).logits.float()   # [trained tokens, vocab]
+        logp = selective_log_softmax(logits, ids[:, 1:][on])
+        old = logp.detach() if old_logps is None else padded([list(o) for o in old_logps[b:b + micro_batch]], width - 1, torch.float32)[on]
         ratio = torch.exp(logp - old)
-        per_tok = clipped_surrogate(ratio, adv, clip_low, clip_high)
-        loss = (per_tok * gen).sum() / n_tok
+        loss = clipped_surrogate(ratio, adv, clip_low, clip_high).sum() / n_tok
         if backward: loss.backward()
         with torch.no_grad():
-            stats['loss'] += loss.item(); stats['tokens'] += int(gen.sum().item())
-            stats['entropy'] += float((entropy_from_logits(logits.detach()) * gen).sum().item())
-            stats['clipped'] += int((((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).float() * gen).sum().item())
+            stats['loss'] += loss.item(); stats['tokens'] += int(on.sum())
+            stats['entropy'] += float(entropy_from_logits(logits.detach()).sum())
+            stats['clipped'] += int(((ratio < 1 - clip_low) | (ratio > 1 + clip_high)).sum())
             if all(len(s) > 3 for s in part):      # the engine's log-probs of the sampled tokens, against the trainer's
-                stats['drift'] += float(((logp.detach() - padded([s[3] for s in part], width, torch.float32)[:, 1:]).abs() * gen).sum().item())
+                stats['drift'] += float((logp.detach() - padded([s[3] for s in part], width, torch.float32)[:, 1:][on]).abs().sum())
     stats['entropy'] /= max(1, stats['tokens'])
     stats['logp_drift'] = stats.pop('drift') / max(1, stats['tokens']) if all(len(s) > 3 for s in seqs) else None
     return stats
@@ -200,7 +201,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         rec = {'step': step, 'reward_mean': round(mean(rewards), 4) if rewards else None, 'reward_std': round(pstdev(rewards), 4) if rewards else None,
                'solved_share': round(sum(1 for r in rewards if r >= 1) / len(rewards), 4) if rewards else None,
                'episodes': len(jobs), 'infra_failed': infra, 'zero_variance_groups': zero_var, 'trained_sequences': len(seqs),
-               'loss': round(st['loss'], 5), 'trained_tokens': st['tokens'], 'entropy': st['entropy'], 'clipped_tokens': st['clipped'],
+               'loss': round(st['loss'], 5), 'trained_tokens': st['tokens'], 'sequence_tokens': sum(len(s[0]) for s in seqs), 'entropy': st['entropy'], 'clipped_tokens': st['clipped'],
                'logp_drift': round(st['logp_drift'], 5) if st.get('logp_drift') is not None else None, 'refresh_s': round(refresh_s, 3),
                'step_s': round(t_step, 2), 'generate_s': round(gen_s, 2), 'sandbox_wait_s': round(max(0.0, t_roll - gen_s), 2),
                'train_s': round(t_train, 2), 'sandbox_wait_share': round(max(0.0, t_roll - gen_s) / t_step, 4),

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import atexit, json, queue, threading, time, weakref
 from functools import lru_cache
-from ..core.basics import ClawError
+from ..core.basics import ClawError, release_openmp_threads
 from ..env.policies import PolicyError, assistant_message, model_fingerprint, parse_tool_calls, register_policy_kind
 from .models import load_model
 from .engine import PackedLM, DecodeRows, packable
@@ -125,6 +125,7 @@ class Generator:
         while True:
             if batch.rows: joining = []
             else:                                                   # idle: sleep until a turn arrives, or end the thread
+                release_openmp_threads()                            # while idle, this thread's OpenMP pool would throttle others'
                 try: joining = [self._q.get(timeout=self.idle_s)]
                 except queue.Empty: joining = [None]
                 if joining == [None]:                               # idle too long, or the interpreter is exiting (`_stop_generators`)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Iterator
 __all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text',
            'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'data_dir',
            'external_data', 'missing_data', 'git_commit', 'package_versions', 'machine_info', 'machine_places',
-           'sanitise_outputs']
+           'sanitise_outputs', 'release_openmp_threads']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -191,3 +191,26 @@ def sanitise_outputs(nb:dict, places:list|None=None) -> dict:
             for k, v in o.get('data', {}).items():
                 if k.startswith('text/'): o['data'][k] = fix(v)
     return nb
+
+# %% ../../nbs/core/00_basics.ipynb #a73e44bb
+_OPENMP = []      # the loaded OpenMP runtime (ctypes handle), once found
+
+def _openmp_runtime():
+    "The OpenMP runtime this process has loaded (libgomp, libiomp5 or libomp; torch loads one), or None."
+    if not _OPENMP:
+        import ctypes
+        try: maps = Path('/proc/self/maps').read_text().splitlines()
+        except OSError: return None
+        libs = sorted({l.split()[-1] for l in maps if '/lib' in l and any(n in l.rsplit('/', 1)[-1] for n in ('libgomp', 'libiomp5', 'libomp.'))})
+        for p in libs:
+            try: lib = ctypes.CDLL(p)
+            except OSError: continue
+            if hasattr(lib, 'omp_pause_resource_all'): _OPENMP.append(lib); break
+    return _OPENMP[0] if _OPENMP else None
+
+def release_openmp_threads() -> bool:
+    "Let the calling thread's OpenMP worker threads go before it waits on other threads' compute; False when no runtime is loaded."
+    lib = _openmp_runtime()
+    if lib is None: return False
+    lib.omp_pause_resource_all(1)       # omp_pause_soft: this thread's pool ends; its next parallel kernel starts a new one
+    return True

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from statistics import mean, median
-from ..core.basics import ClawError, append_jsonl, atomic_write_json, external_data, read_jsonl, require_same
+from ..core.basics import ClawError, append_jsonl, atomic_write_json, external_data, read_jsonl, release_openmp_threads, require_same
 from .tasks import Task, load_task, load_tasks
 from .agent import run_episode
 from .openclaw_harness import run_openclaw_episode
@@ -78,6 +78,7 @@ def _apply(plugins, fn, *args):
 def _thread_results(fn, items, workers):
     "Results of `fn(*item)` from a thread pool, in completion order; leaving early cancels what has not started."
     pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    release_openmp_threads()      # this thread now waits: its OpenMP pool would slow the workers' (e.g. a student's decoding)
     try:
         for f in as_completed([pool.submit(fn, *it) for it in items]): yield f.result()
     except BaseException:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json, os, signal, sys, threading, time
 from pathlib import Path
 import httpx
-from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
+from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl, release_openmp_threads
 from ..env.openai_server import serve
 from ..env.proxy import RecordingProxy
 from .judges import RuleJudge
@@ -100,6 +100,7 @@ def serve_until_stopped(srv, folder:Path, part:str, url:str) -> int:
     stop = threading.Event(); signal.signal(signal.SIGTERM, lambda *a: stop.set())
     ann = Path(folder)/'parts'/f'{part}.json'
     atomic_write_json(ann, {'url': url, 'pid': os.getpid()})
+    release_openmp_threads()      # from here this thread only waits; request threads compute
     try: stop.wait()
     finally: ann.unlink(missing_ok=True); srv.close()
     return 0

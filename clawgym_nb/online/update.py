@@ -35,7 +35,7 @@ def response_logps(model, prompt_ids:list, response_ids:list):
     import torch
     dev = next(model.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], device=dev)
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float()
+    logits = model(input_ids=ids, logits_to_keep=len(response_ids) + 1).logits[0, :-1].float()   # the head on the response only
     return torch.log_softmax(logits, -1)
 
 def teacher_logps(model, tok, sample:dict):
