@@ -4,9 +4,11 @@
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #1f99ff76
 from __future__ import annotations
-import platform, threading, time
-from ..core.basics import ClawError, release_openmp_threads
+import platform, time
+from functools import lru_cache
+from ..core.basics import ClawError
 from ..env.demo_tasks import make_demo_tasks
+from ..env.evaluate import run_parallel
 from ..env.policies import smollm2_gguf
 from .models import load_model
 from .student import Generator, render_prompt
@@ -39,13 +41,10 @@ def bench_prompts(tok, n:int) -> list:
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #dc5ee5be
 def _turns(g:Generator, prompts:list, new:int) -> tuple:
-    "Decode `new` tokens for every prompt at once through `g` (one thread per turn, as concurrent episodes call it)."
-    outs = [None] * len(prompts)
-    def one(i): outs[i] = g.generate_logps(prompts[i], new)
-    release_openmp_threads()      # the caller waits, as `evaluate` and `rollouts` do (see core/00_basics)
-    th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    [t.start() for t in th]; [t.join() for t in th]
-    return outs
+    "Decode `new` tokens for every prompt at once through `g` (one thread per turn, as `evaluate` runs concurrent episodes)."
+    done = dict(run_parallel(lambda i: (i, g.generate_logps(prompts[i], new)), [(i,) for i in range(len(prompts))],
+                             workers=len(prompts), progress=False))
+    return [done[i] for i in range(len(prompts))]
 
 def bench_generator(tok, model, prompts:list, new:int, **engine) -> dict:
     "decode_R_tok_s for R = 1 and len(prompts) concurrent turns, and prefill_tok_s, of a `Generator` on `model`."
@@ -80,6 +79,7 @@ def bench_transformers_generate(tok, model, prompts:list, new:int) -> dict:
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #829205f2
 _QUIET = []
+@lru_cache(maxsize=None)
 def _amx_cpu() -> bool:
     "Whether this CPU has AMX tiles (Linux: /proc/cpuinfo flags)."
     try: return ' amx_tile' in open('/proc/cpuinfo').read()

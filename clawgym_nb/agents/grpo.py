@@ -197,16 +197,16 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         st = grpo_loss(net, seqs, clip_low=clip_low, clip_high=clip_high, micro_batch=micro_batch, autocast=bf16) if seqs else {'loss': 0.0, 'tokens': 0, 'entropy': None, 'clipped': 0}
         if seqs: torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0); opt.step()
         refresh_s = gen.refresh() if seqs else 0.0        # the engine serves the updated weights from the next rollout on
-        t_train = time.monotonic() - t1; t_step = time.monotonic() - t0
+        t_train = time.monotonic() - t1; t_step = time.monotonic() - t0; seq_tokens = sum(len(s[0]) for s in seqs)
         rec = {'step': step, 'reward_mean': round(mean(rewards), 4) if rewards else None, 'reward_std': round(pstdev(rewards), 4) if rewards else None,
                'solved_share': round(sum(1 for r in rewards if r >= 1) / len(rewards), 4) if rewards else None,
                'episodes': len(jobs), 'infra_failed': infra, 'zero_variance_groups': zero_var, 'trained_sequences': len(seqs),
-               'loss': round(st['loss'], 5), 'trained_tokens': st['tokens'], 'sequence_tokens': sum(len(s[0]) for s in seqs), 'entropy': st['entropy'], 'clipped_tokens': st['clipped'],
+               'loss': round(st['loss'], 5), 'trained_tokens': st['tokens'], 'sequence_tokens': seq_tokens, 'entropy': st['entropy'], 'clipped_tokens': st['clipped'],
                'logp_drift': round(st['logp_drift'], 5) if st.get('logp_drift') is not None else None, 'refresh_s': round(refresh_s, 3),
                'step_s': round(t_step, 2), 'generate_s': round(gen_s, 2), 'sandbox_wait_s': round(max(0.0, t_roll - gen_s), 2),
                'train_s': round(t_train, 2), 'sandbox_wait_share': round(max(0.0, t_roll - gen_s) / t_step, 4),
                'gen_tokens_per_s': round((gen.tokens_out - tok0) / gen_s, 1) if gen_s else None,
-               'train_tokens_per_s': round(sum(len(s[0]) for s in seqs) / t_train, 1) if seqs and t_train else None, **adv_stats}
+               'train_tokens_per_s': round(seq_tokens / t_train, 1) if seqs and t_train else None, **adv_stats}
         if bench and (step % eval_every == 0 or step == steps):
             net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s); rec.update(b)
         _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging

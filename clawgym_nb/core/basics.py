@@ -5,6 +5,7 @@
 # %% ../../nbs/core/00_basics.ipynb #b03dec99
 from __future__ import annotations
 import json, os, platform, subprocess, sys, tempfile, time
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -193,24 +194,21 @@ def sanitise_outputs(nb:dict, places:list|None=None) -> dict:
     return nb
 
 # %% ../../nbs/core/00_basics.ipynb #a73e44bb
-_OPENMP = []      # the loaded OpenMP runtime (ctypes handle), once found
-
+@lru_cache(maxsize=1)
 def _openmp_runtime():
-    "The OpenMP runtime this process has loaded (libgomp, libiomp5 or libomp; torch loads one), or None."
-    if not _OPENMP:
-        import ctypes
-        try: maps = Path('/proc/self/maps').read_text().splitlines()
-        except OSError: return None
-        libs = sorted({l.split()[-1] for l in maps if '/lib' in l and any(n in l.rsplit('/', 1)[-1] for n in ('libgomp', 'libiomp5', 'libomp.'))})
-        for p in libs:
-            try: lib = ctypes.CDLL(p)
-            except OSError: continue
-            if hasattr(lib, 'omp_pause_resource_all'): _OPENMP.append(lib); break
-    return _OPENMP[0] if _OPENMP else None
+    "The OpenMP runtime torch loaded into this process (libgomp, libiomp5 or libomp, found in /proc/self/maps), or None."
+    import ctypes
+    try: maps = Path('/proc/self/maps').read_text().splitlines()
+    except OSError: return None
+    for p in sorted({l.split()[-1] for l in maps if any(n in l.rsplit('/', 1)[-1] for n in ('libgomp', 'libiomp5', 'libomp.'))}):
+        try: lib = ctypes.CDLL(p)
+        except OSError: continue
+        if hasattr(lib, 'omp_pause_resource_all'): return lib
+    return None
 
 def release_openmp_threads() -> bool:
-    "Let the calling thread's OpenMP worker threads go before it waits on other threads' compute; False when no runtime is loaded."
-    lib = _openmp_runtime()
+    "Let the calling thread's OpenMP worker threads go before it waits on other threads' compute; False when torch's runtime is not loaded."
+    lib = _openmp_runtime() if 'torch' in sys.modules else None     # before torch is imported there is no pool (and nothing to cache)
     if lib is None: return False
     lib.omp_pause_resource_all(1)       # omp_pause_soft: this thread's pool ends; its next parallel kernel starts a new one
     return True
