@@ -97,3 +97,17 @@ def test_perf_generate_cli_prints_and_writes_the_comparison(tmp_path, capsys):
     assert 'small rung only' in printed['engines']['llama.cpp']['skipped']
     assert main(['perf', 'generate', '--model', 'tiny', '--engines', 'vllm']) == 2
     assert "unknown engine 'vllm'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1)])
+def test_rounded_engines_decode_with_bf16_keys_close_to_float32(gen, weights, tol):
+    "The rounded engines keep the decoding rows' keys/values in bf16; two rows of different lengths decode close to transformers."
+    tok, model = gen.tok, gen.model
+    ids = _ids(tok, '<|im_start|>user\nsort the rows of input/table.csv by date<|im_end|>\n<|im_start|>assistant\n')
+    lm = PackedLM(model, weights); rows = DecodeRows(lm, rows=2, length=8)
+    rows.add(lm.prefill(ids[:6])[1]); rows.add(lm.prefill(ids)[1])
+    assert rows.K[0].dtype == rows.V[0].dtype == torch.bfloat16 and PackedLM(model, 'fp32').kv_dtype == torch.float32
+    for _ in range(2): out = rows.step([5, 7])                                    # the second step reads the first's bf16 keys
+    for i, seq in enumerate((ids[:6] + [5, 5], ids + [7, 7])):
+        ref = torch.log_softmax(_ref(model, seq)[-1], -1)
+        assert (torch.log_softmax(out[i], -1) - ref).abs().mean() < tol

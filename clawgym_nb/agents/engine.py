@@ -106,7 +106,7 @@ class _Forward:
         mask = None if not n else torch.arange(n + T)[None] <= (n + torch.arange(T))[:, None]
         def attend(i, q, k, v):
             K, V = k.transpose(0, 1), v.transpose(0, 1)                       # [Hkv, T, D]
-            if n: K, V = torch.cat([cached[i][0], K], 1), torch.cat([cached[i][1], V], 1)
+            if n: K, V = torch.cat([cached[i][0].to(K.dtype), K], 1), torch.cat([cached[i][1].to(V.dtype), V], 1)   # a cache may be bf16
             kept.append((K, V))
             if rep > 1: K, V = K.repeat_interleave(rep, 0), V.repeat_interleave(rep, 0)
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None], attn_mask=mask, is_causal=not n)
@@ -123,7 +123,9 @@ class PackedLM(_Forward):
         cfg = model.config
         if weights not in WEIGHT_FORMATS: raise ClawError(f'unknown weight format {weights!r}; use {", ".join(WEIGHT_FORMATS)}', field='weights')
         if (why := packable(model)): raise ClawError(why, field='model')
+        import torch
         self.model, self.fmt, self.eps = model, weights, cfg.rms_norm_eps
+        self.kv_dtype = torch.float32 if weights == 'fp32' else torch.bfloat16   # the decoding rows' keys/values: rounded like the weights
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
         self.refresh()
@@ -164,7 +166,7 @@ class DecodeRows:
         import torch
         B, old = len(self.lens), (self.K, self.V)
         shape = (rows, self.lm.Hkv, length, self.lm.D)     # zeros: a masked position's weight is 0, and 0 x garbage could be NaN
-        self.K = [torch.zeros(shape) for _ in self.lm.layers]; self.V = [torch.zeros(shape) for _ in self.lm.layers]
+        self.K, self.V = ([torch.zeros(shape, dtype=self.lm.kv_dtype) for _ in self.lm.layers] for _ in range(2))
         for new, prev in zip(self.K + self.V, old[0] + old[1]):
             L = min(length, prev.shape[2]); new[:B, :, :L] = prev[:B, :, :L]
 
@@ -196,15 +198,15 @@ class DecodeRows:
         "Logits `[B, vocab]` of the next token of every row after `tokens` (one per row), whose keys/values are appended."
         import torch
         lm, B = self.lm, len(self.lens)
-        rep, length = lm.H // lm.Hkv, self.K[0].shape[2]
+        F, length = torch.nn.functional, self.K[0].shape[2]
         if max(self.lens) + 1 > length: self._alloc(self.K[0].shape[0], 2 * length)
-        lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1; scale = lm.D ** -0.5
+        lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1
         mask = (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]             # [B, 1, 1, Lm]
         def attend(i, q, k, v):
             K, V = self.K[i], self.V[i]
-            K[rows, :, lens] = k; V[rows, :, lens] = v
-            w = (q.view(B, lm.Hkv, rep, lm.D) @ K[:B, :, :Lm].transpose(2, 3)) * scale   # [B, Hkv, rep, Lm]
-            return (torch.softmax(w.masked_fill_(~mask, float('-inf')), -1) @ V[:B, :, :Lm]).reshape(B, -1)
+            K[rows, :, lens] = k.to(K.dtype); V[rows, :, lens] = v.to(V.dtype)
+            o = F.scaled_dot_product_attention(q.view(B, lm.H, 1, lm.D).to(K.dtype), K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask, enable_gqa=True)
+            return o.float().reshape(B, -1)
         with torch.no_grad():
             out = lm.head(lm.run(torch.tensor(tokens), lens, attend))
         self.lens = [n + 1 for n in self.lens]
