@@ -100,7 +100,7 @@ class _Forward:
     def prefill(self, ids:list, cached=None) -> tuple:
         "`(logits of the last token, per-layer (keys, values) of all tokens)` for one sequence whose first tokens' keys/values are `cached`."
         import torch
-        F, rep = torch.nn.functional, self.H // self.Hkv
+        F = torch.nn.functional
         n = cached[0][0].shape[1] if cached else 0
         T = len(ids); kept = []
         mask = None if not n else torch.arange(n + T)[None] <= (n + torch.arange(T))[:, None]
@@ -108,8 +108,7 @@ class _Forward:
             K, V = k.transpose(0, 1), v.transpose(0, 1)                       # [Hkv, T, D]
             if n: K, V = torch.cat([cached[i][0].to(K.dtype), K], 1), torch.cat([cached[i][1].to(V.dtype), V], 1)   # a cache may be bf16
             kept.append((K, V))
-            if rep > 1: K, V = K.repeat_interleave(rep, 0), V.repeat_interleave(rep, 0)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None], attn_mask=mask, is_causal=not n)
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None], attn_mask=mask, is_causal=not n, enable_gqa=True)
             return o[0].transpose(0, 1).reshape(T, -1)
         with torch.no_grad():
             h = self.run(torch.tensor(ids), torch.arange(n, n + T), attend)
@@ -123,12 +122,16 @@ class PackedLM(_Forward):
         cfg = model.config
         if weights not in WEIGHT_FORMATS: raise ClawError(f'unknown weight format {weights!r}; use {", ".join(WEIGHT_FORMATS)}', field='weights')
         if (why := packable(model)): raise ClawError(why, field='model')
-        import torch
         self.model, self.fmt, self.eps = model, weights, cfg.rms_norm_eps
-        self.kv_dtype = torch.float32 if weights == 'fp32' else torch.bfloat16   # the decoding rows' keys/values: rounded like the weights
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
         self.refresh()
+
+    @property
+    def kv_dtype(self):
+        "The decoding rows' keys/values: float32 for the exact engine, bf16 for the rounded ones (rounded like the weights)."
+        import torch
+        return torch.float32 if self.fmt == 'fp32' else torch.bfloat16
 
     def refresh(self) -> float:
         "Pack the model's current weights (call after each optimizer step: the engine serves what the trainer holds); seconds taken."
