@@ -275,3 +275,14 @@ def test_cli_sft_filters_trajectories_and_prints_one_json_line(data, tmp_path):
     assert rec['steps'] == 1 and rec['n_in'] == len(read_jsonl(data/'sft.jsonl'))
     assert read_jsonl(tmp_path/'run'/'sft.jsonl') == read_jsonl(data/'sft.jsonl')   # the same threshold filter
     assert (tmp_path/'run'/'model'/'rung.json').is_file() and 'kept' in err.getvalue()
+
+
+def test_a_finished_arm_keeps_its_model_not_its_checkpoints(data, tmp_path):
+    from clawgym_nb.agents.pipeline import sft_arm
+    kw = dict(root=tmp_path, batch_size=2, max_steps=2, save_steps=1, **FAST, **QUIET)
+    first = sft_arm('tiny', data/'short.jsonl', **kw)
+    folder = Path(first['folder'])
+    assert not first['reused'] and first['steps'] == 2 and (folder/'model'/'config.json').is_file() and (folder/'sft.json').is_file()
+    assert not (folder/'checkpoints').exists()      # trl saved two resume points on the way; the arm does not keep them
+    again = sft_arm('tiny', data/'short.jsonl', **kw)
+    assert again['reused'] and again['key'] == first['key'] and again['steps'] == 2

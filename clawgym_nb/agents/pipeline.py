@@ -132,6 +132,7 @@ def episode_behaviour(eval_dir:str|Path, tasks:list) -> dict:
 
 # %% ../../nbs/agents/07_pipeline.ipynb #72336e1d
 from ..env.evaluate import evaluate, summarise
+import shutil
 from .sft import train_sft_isolated
 
 def sft_arm(model:str,                 # Base model: rung name or model folder
@@ -147,6 +148,7 @@ def sft_arm(model:str,                 # Base model: rung name or model folder
     reused = (folder/'sft.json').is_file() and (folder/'model'/'config.json').is_file()
     if not reused: atomic_write_json(folder/'inputs.json', {**inputs, 'data_file': str(data)})
     rec = train_sft_isolated(model, data, folder, seed=seed, log=log, **sft)
+    shutil.rmtree(folder/'checkpoints', ignore_errors=True)   # a finished arm is read back from model/ and sft.json; its resume points are dead weight
     return {**rec, 'key': key, 'reused': reused, 'folder': str(folder), 'model_dir': str(folder/'model')}
 
 def eval_arm(bench_dir:str|Path,       # Benchmark task store
