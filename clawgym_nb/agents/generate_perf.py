@@ -68,6 +68,7 @@ def bench_transformers_generate(tok, model, prompts:list, new:int) -> dict:
         width = max(len(p) for p in prompts[:rows])
         ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts[:rows]])
         att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts[:rows]])
+        ids, att = ids.to(model.device), att.to(model.device)       # the model's device (a GPU too)
         with torch.no_grad():
             t0 = time.perf_counter(); model(input_ids=ids, attention_mask=att, logits_to_keep=1); t_pre = time.perf_counter() - t0
             t0 = time.perf_counter()

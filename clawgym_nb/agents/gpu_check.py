@@ -7,20 +7,25 @@ from __future__ import annotations
 import json, tempfile, time
 from pathlib import Path
 from ..core.basics import ClawError, atomic_write_json, read_jsonl
+from ..env.tasks import load_tasks
+from .models import cache_root
+from .tiny import build_tiny, tiny_corpus
 from ..syndata.synth import synthesize
 from .teachers import rollouts
 from .filtering import load_trajectories, write_sft_dataset
 from .sft import train_sft
-from .grpo import grpo_train
+from .grpo import grpo_train, outcome_advantages
 
 # %% auto #0
-__all__ = ['gpu_check']
+__all__ = ['PAPER_SHAPES', 'gpu_check', 'shaped_model_dir', 'synthetic_advantages']
 
 # %% ../../nbs/agents/08_gpu_check.ipynb #68e607c4
 def gpu_check(model:str='small',          # Rung or model folder
               n_tasks:int=48,             # Synthesised tasks for teacher data and GRPO prompts
               sft_steps:int=20, sft_batch_size:int=8,
               grpo_steps:int=3, prompts_per_step:int=4, group_size:int=4,
+              lora_r:int|None=16,         # LoRA rank for SFT and GRPO (None: full fine-tune, the paper's recipe)
+              advantages=outcome_advantages,  # GRPO's advantages (`synthetic_advantages` to time updates of a random-weight model)
               out_dir:str|Path|None=None, provider:str='auto', log=print) -> dict:
     "SFT then a few GRPO steps on one GPU; tokens per second and peak memory of each stage."
     import torch
@@ -30,19 +35,42 @@ def gpu_check(model:str='small',          # Rung or model folder
     synthesize('mixed', n_tasks, 0, out/'tasks', n_ops=(1, 1), provider=provider, progress=False, log=q)
     rollouts(out/'tasks', 'scripted:teacher', 1, out/'rollouts', provider=provider, progress=False, log=q)
     write_sft_dataset(load_trajectories(out/'rollouts'/'trajectories.jsonl'), out/'sft.jsonl', threshold=0.5)
-    res = {'device': torch.cuda.get_device_name(0), 'model': model}
+    res = {'device': torch.cuda.get_device_name(0), 'model': model, 'lora_r': lora_r, 'advantages': advantages.__name__}
     torch.cuda.reset_peak_memory_stats(); t0 = time.time()
-    s = train_sft(model, out/'sft.jsonl', out/'sft', device='cuda', max_steps=sft_steps, batch_size=sft_batch_size, max_length=4096, log=q)
+    s = train_sft(model, out/'sft.jsonl', out/'sft', device='cuda', max_steps=sft_steps, batch_size=sft_batch_size, max_length=4096, lora_r=lora_r, log=q)
     res['sft'] = {'steps': s['steps'], 'wall_s': round(time.time() - t0, 1), 'tokens_per_s': round(s['input_tokens_seen'] / max(1e-9, s['train_runtime_s']), 1),
                   'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2), 'loss': [s['first_loss'], s['last_loss']]}
     log('sft:', json.dumps(res['sft']))
     torch.cuda.reset_peak_memory_stats(); t0 = time.time()
     g = grpo_train(str(out/'sft'/'model'), out/'tasks', out/'grpo', steps=grpo_steps, prompts_per_step=prompts_per_step,
-                   group_size=group_size, device='cuda', provider=provider, max_new_tokens=512, log=q)
+                   group_size=group_size, device='cuda', provider=provider, max_new_tokens=512, lora_r=lora_r, advantages=advantages, log=q)
     rows = read_jsonl(out/'grpo'/'steps.jsonl')
     res['grpo'] = {'steps': len(rows), 'wall_s': round(time.time() - t0, 1), 'mean_step_s': g['mean_step_s'],
                    'gen_tokens_per_s': [r['gen_tokens_per_s'] for r in rows], 'train_tokens_per_s': [r['train_tokens_per_s'] for r in rows],
-                   'sandbox_wait_share': [r['sandbox_wait_share'] for r in rows], 'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+                   'sandbox_wait_share': [r['sandbox_wait_share'] for r in rows], 'zero_variance_groups': [r['zero_variance_groups'] for r in rows],
+                   'logp_drift': [r['logp_drift'] for r in rows], 'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2)}
     log('grpo:', json.dumps(res['grpo']))
     atomic_write_json(out/'gpu_check.json', res)
     return res
+
+# %% ../../nbs/agents/08_gpu_check.ipynb #f3c7fa3d
+PAPER_SHAPES = {   # layer shapes of the paper's students (random weights; the tiny rung's tokenizer)
+    'qwen3-4b': dict(hidden_size=2560, layers=36, heads=20, kv_heads=5, intermediate_size=9728),
+    'qwen3-8b': dict(hidden_size=4096, layers=36, heads=32, kv_heads=8, intermediate_size=12288),
+}
+
+def shaped_model_dir(shape:str|dict='qwen3-4b',  # A key of `PAPER_SHAPES`, or `build_tiny`'s shape arguments
+                     out_dir:str|Path|None=None,   # Default: the model cache (named shapes only)
+                     n_tasks:int=60, seed:int=0) -> Path:
+    "A random-weight model with a paper student's layer shapes, built from a config (cached): for timing, not for results."
+    if isinstance(shape, str) and shape not in PAPER_SHAPES: raise ClawError(f'unknown shape {shape!r}; use {", ".join(PAPER_SHAPES)}', field='shape')
+    if isinstance(shape, dict) and out_dir is None: raise ClawError('a shape given as a dict needs an out_dir', field='out_dir')
+    out = Path(out_dir) if out_dir else cache_root()/'models'/f'shape-{shape}-s{seed}'
+    with tempfile.TemporaryDirectory() as d:
+        synthesize('mixed', n_tasks, seed=seed, out_dir=d, validate=False, progress=False, log=lambda *a: None)
+        texts = tiny_corpus(load_tasks(d))
+    return build_tiny(out, texts, seed=seed, max_position_embeddings=8192, **(PAPER_SHAPES[shape] if isinstance(shape, str) else shape))
+
+def synthetic_advantages(groups:list) -> tuple[list, dict]:
+    "+1 / -1 by position within each group, whatever the rewards: times a GRPO update of a model that solves nothing (no learning signal)."
+    return [[1.0 if i % 2 == 0 else -1.0 for i in range(len(g))] for g in groups], {'synthetic_advantages': 1}
