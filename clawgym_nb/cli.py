@@ -21,7 +21,7 @@ from .agents.teachers import rollouts
 from .agents.harness_fidelity import harness_compare
 from .agents import student   # registers the student: policy kind (the scripted teachers register on import above)
 from .env.docker_sandbox import build_base_image
-from .agents.gpu_check import gpu_check
+from .agents.gpu_check import gpu_check, PAPER_SHAPES
 from .agents.sft import train_sft
 from .agents.grpo import grpo_train
 from .agents.generate_perf import GENERATE_ENGINES, benchmark_generation
@@ -133,6 +133,9 @@ def _train_parsers(sub):
     gc = sub.add_parser('gpu-check', help='SFT + a few GRPO steps on one GPU: tokens per second and peak memory')
     gc.add_argument('--model', default='small'); gc.add_argument('--sft-steps', type=int, default=20)
     gc.add_argument('--grpo-steps', type=int, default=3); gc.add_argument('--out', type=Path, default=None)
+    gc.add_argument('--lora-r', type=int, default=16, help='LoRA rank for SFT and GRPO; 0 = full fine-tune (the paper\'s recipe)')
+    gc.add_argument('--shape', default=None, choices=sorted(PAPER_SHAPES),
+                    help="instead of --model: random weights in a paper student's layer shapes, GRPO timed with synthetic advantages")
     hc = sub.add_parser('harness-compare', help='one policy on the same tasks through the native harness and the real OpenClaw')
     hc.add_argument('--tasks', type=Path, required=True); hc.add_argument('--policy', default='scripted:teacher')
     hc.add_argument('--out', type=Path, required=True); hc.add_argument('--sandbox', default='bwrap', choices=['bwrap', 'docker'])
@@ -245,7 +248,8 @@ def _cmd(a) -> int:
         print(json.dumps(harness_compare(a.tasks, a.policy, a.out, provider=a.sandbox, workers=a.workers, max_turns=a.max_turns,
                                          log=lambda *x: print(*x, file=sys.stderr))))
     elif a.cmd == 'gpu-check':
-        print(json.dumps(gpu_check(a.model, sft_steps=a.sft_steps, grpo_steps=a.grpo_steps, out_dir=a.out, log=lambda *x: print(*x, file=sys.stderr))))
+        print(json.dumps(gpu_check(a.model, sft_steps=a.sft_steps, grpo_steps=a.grpo_steps, lora_r=a.lora_r or None, shape=a.shape,
+                                   out_dir=a.out, log=lambda *x: print(*x, file=sys.stderr))))
     return 0
 
 def main(argv:list|None=None) -> int:

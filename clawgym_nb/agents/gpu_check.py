@@ -17,41 +17,7 @@ from .sft import train_sft
 from .grpo import grpo_train, outcome_advantages
 
 # %% auto #0
-__all__ = ['PAPER_SHAPES', 'gpu_check', 'shaped_model_dir', 'synthetic_advantages']
-
-# %% ../../nbs/agents/08_gpu_check.ipynb #68e607c4
-def gpu_check(model:str='small',          # Rung or model folder
-              n_tasks:int=48,             # Synthesised tasks for teacher data and GRPO prompts
-              sft_steps:int=20, sft_batch_size:int=8,
-              grpo_steps:int=3, prompts_per_step:int=4, group_size:int=4,
-              lora_r:int|None=16,         # LoRA rank for SFT and GRPO (None: full fine-tune, the paper's recipe)
-              advantages=outcome_advantages,  # GRPO's advantages (`synthetic_advantages` to time updates of a random-weight model)
-              out_dir:str|Path|None=None, provider:str='auto', log=print) -> dict:
-    "SFT then a few GRPO steps on one GPU; tokens per second and peak memory of each stage."
-    import torch
-    if not torch.cuda.is_available(): raise ClawError('no CUDA device visible', field='device')
-    out = Path(out_dir or tempfile.mkdtemp(prefix='gpu-check-')); out.mkdir(parents=True, exist_ok=True)
-    q = lambda *a: None
-    synthesize('mixed', n_tasks, 0, out/'tasks', n_ops=(1, 1), provider=provider, progress=False, log=q)
-    rollouts(out/'tasks', 'scripted:teacher', 1, out/'rollouts', provider=provider, progress=False, log=q)
-    write_sft_dataset(load_trajectories(out/'rollouts'/'trajectories.jsonl'), out/'sft.jsonl', threshold=0.5)
-    res = {'device': torch.cuda.get_device_name(0), 'model': model, 'lora_r': lora_r, 'advantages': advantages.__name__}
-    torch.cuda.reset_peak_memory_stats(); t0 = time.time()
-    s = train_sft(model, out/'sft.jsonl', out/'sft', device='cuda', max_steps=sft_steps, batch_size=sft_batch_size, max_length=4096, lora_r=lora_r, log=q)
-    res['sft'] = {'steps': s['steps'], 'wall_s': round(time.time() - t0, 1), 'tokens_per_s': round(s['input_tokens_seen'] / max(1e-9, s['train_runtime_s']), 1),
-                  'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2), 'loss': [s['first_loss'], s['last_loss']]}
-    log('sft:', json.dumps(res['sft']))
-    torch.cuda.reset_peak_memory_stats(); t0 = time.time()
-    g = grpo_train(str(out/'sft'/'model'), out/'tasks', out/'grpo', steps=grpo_steps, prompts_per_step=prompts_per_step,
-                   group_size=group_size, device='cuda', provider=provider, max_new_tokens=512, lora_r=lora_r, advantages=advantages, log=q)
-    rows = read_jsonl(out/'grpo'/'steps.jsonl')
-    res['grpo'] = {'steps': len(rows), 'wall_s': round(time.time() - t0, 1), 'mean_step_s': g['mean_step_s'],
-                   'gen_tokens_per_s': [r['gen_tokens_per_s'] for r in rows], 'train_tokens_per_s': [r['train_tokens_per_s'] for r in rows],
-                   'sandbox_wait_share': [r['sandbox_wait_share'] for r in rows], 'zero_variance_groups': [r['zero_variance_groups'] for r in rows],
-                   'logp_drift': [r['logp_drift'] for r in rows], 'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-    log('grpo:', json.dumps(res['grpo']))
-    atomic_write_json(out/'gpu_check.json', res)
-    return res
+__all__ = ['PAPER_SHAPES', 'shaped_model_dir', 'synthetic_advantages', 'gpu_check']
 
 # %% ../../nbs/agents/08_gpu_check.ipynb #f3c7fa3d
 PAPER_SHAPES = {   # layer shapes of the paper's students (random weights; the tiny rung's tokenizer)
@@ -74,3 +40,39 @@ def shaped_model_dir(shape:str|dict='qwen3-4b',  # A key of `PAPER_SHAPES`, or `
 def synthetic_advantages(groups:list) -> tuple[list, dict]:
     "+1 / -1 by position within each group, whatever the rewards: times a GRPO update of a model that solves nothing (no learning signal)."
     return [[1.0 if i % 2 == 0 else -1.0 for i in range(len(g))] for g in groups], {'synthetic_advantages': 1}
+
+# %% ../../nbs/agents/08_gpu_check.ipynb #68e607c4
+def gpu_check(model:str='small',          # Rung or model folder
+              n_tasks:int=48,             # Synthesised tasks for teacher data and GRPO prompts
+              sft_steps:int=20, sft_batch_size:int=8,
+              grpo_steps:int=3, prompts_per_step:int=4, group_size:int=4,
+              lora_r:int|None=16,         # LoRA rank for SFT and GRPO (None: full fine-tune, the paper's recipe)
+              advantages=outcome_advantages,  # GRPO's advantages (`synthetic_advantages` to time updates of a random-weight model)
+              shape:str|None=None,        # A `PAPER_SHAPES` key: random weights in that shape instead of `model`, synthetic advantages
+              out_dir:str|Path|None=None, provider:str='auto', log=print) -> dict:
+    "SFT then a few GRPO steps on one GPU; tokens per second and peak memory of each stage."
+    import torch
+    if not torch.cuda.is_available(): raise ClawError('no CUDA device visible', field='device')
+    if shape: model, advantages = str(shaped_model_dir(shape)), synthetic_advantages
+    out = Path(out_dir or tempfile.mkdtemp(prefix='gpu-check-')); out.mkdir(parents=True, exist_ok=True)
+    q = lambda *a: None
+    synthesize('mixed', n_tasks, 0, out/'tasks', n_ops=(1, 1), provider=provider, progress=False, log=q)
+    rollouts(out/'tasks', 'scripted:teacher', 1, out/'rollouts', provider=provider, progress=False, log=q)
+    write_sft_dataset(load_trajectories(out/'rollouts'/'trajectories.jsonl'), out/'sft.jsonl', threshold=0.5)
+    res = {'device': torch.cuda.get_device_name(0), 'model': model, 'lora_r': lora_r, 'advantages': advantages.__name__}
+    torch.cuda.reset_peak_memory_stats(); t0 = time.time()
+    s = train_sft(model, out/'sft.jsonl', out/'sft', device='cuda', max_steps=sft_steps, batch_size=sft_batch_size, max_length=4096, lora_r=lora_r, log=q)
+    res['sft'] = {'steps': s['steps'], 'wall_s': round(time.time() - t0, 1), 'tokens_per_s': round(s['input_tokens_seen'] / max(1e-9, s['train_runtime_s']), 1),
+                  'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2), 'loss': [s['first_loss'], s['last_loss']]}
+    log('sft:', json.dumps(res['sft']))
+    torch.cuda.reset_peak_memory_stats(); t0 = time.time()
+    g = grpo_train(str(out/'sft'/'model'), out/'tasks', out/'grpo', steps=grpo_steps, prompts_per_step=prompts_per_step,
+                   group_size=group_size, device='cuda', provider=provider, max_new_tokens=512, lora_r=lora_r, advantages=advantages, log=q)
+    rows = read_jsonl(out/'grpo'/'steps.jsonl')
+    res['grpo'] = {'steps': len(rows), 'wall_s': round(time.time() - t0, 1), 'mean_step_s': g['mean_step_s'],
+                   'gen_tokens_per_s': [r['gen_tokens_per_s'] for r in rows], 'train_tokens_per_s': [r['train_tokens_per_s'] for r in rows],
+                   'sandbox_wait_share': [r['sandbox_wait_share'] for r in rows], 'zero_variance_groups': [r['zero_variance_groups'] for r in rows],
+                   'logp_drift': [r['logp_drift'] for r in rows], 'peak_gib': round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    log('grpo:', json.dumps(res['grpo']))
+    atomic_write_json(out/'gpu_check.json', res)
+    return res
