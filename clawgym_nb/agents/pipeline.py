@@ -14,13 +14,14 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['ARM_LAYERS', 'content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
+__all__ = ['ARM_ROOTS', 'content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
            'episode_behaviour', 'sft_arm', 'eval_arm', 'rl_task_pool']
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
 # Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
 import functools, hashlib, importlib.util, time
 from ..core.basics import project_root, atomic_write_json, read_jsonl
+from ..core.layers import module_closure
 
 def content_digest(path:str|Path,
                    ignore:tuple=('synth.json',)) -> str:   # Files that record a run (times, paths), not content
@@ -36,13 +37,13 @@ def arm_key(**inputs) -> str:
     "16 hex digits of the sha256 of the inputs as sorted JSON."
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-ARM_LAYERS = ('core', 'env', 'syndata', 'agents')   # what an SFT or evaluation arm runs: a change elsewhere keeps the arms
+ARM_ROOTS = ('agents.pipeline', 'agents.sft')   # what an SFT or evaluation arm runs (SFT in a process of its own), with all they import
 
 @functools.cache          # once per process: the source does not change under a running experiment
 def code_digest() -> str:
-    "16 hex digits over the source of the layers (core, env, syndata, agents): an arm is reused only by the code that built it."
+    "16 hex digits over the source of the modules an arm runs (`ARM_ROOTS` and their imports): an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
-    files = sorted(f for layer in ARM_LAYERS for f in (pkg/layer).glob('*.py'))   # not the online layer above, the runner or the CLI
+    files = module_closure(pkg, ARM_ROOTS).values()   # not GRPO, the benchmarks, the online layer, the runner or the CLI
     return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files})
 
 def sft_data_key(rollouts_key:dict, sft_path:str|Path) -> dict:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['LAYERS', 'Import', 'package_modules', 'project_imports', 'layer_of', 'check_layers', 'layer_positions', 'draw_layers',
-           'layer_modules', 'layer_uses']
+           'layer_modules', 'layer_uses', 'module_closure']
 
 # %% ../../nbs/core/01_layers.ipynb #9a5ae15b
 LAYERS = ('core', 'env', 'syndata', 'agents', 'online', '')   # bottom to top; '' = modules at the package root
@@ -192,3 +192,15 @@ def layer_modules(pkg_dir:str|Path, layer:str) -> dict[str, str]:
 def layer_uses(pkg_dir:str|Path, layer:str) -> Counter:
     "How many imports the modules of `layer` make into each other layer (`'top'` for the package root)."
     return Counter(layer_of(i.dst) or 'top' for i in project_imports(pkg_dir) if layer_of(i.src) == layer and layer_of(i.dst) != layer)
+
+# %% ../../nbs/core/01_layers.ipynb #f00f4c3f
+def module_closure(pkg_dir:str|Path, roots:tuple) -> dict[str, Path]:
+    "The modules `roots` (dotted within the package) import, directly or through others, the roots included: module -> file, sorted."
+    mods = package_modules(pkg_dir); edges = {}
+    for i in project_imports(pkg_dir): edges.setdefault(i.src, set()).add(i.dst)
+    if missing := [r for r in roots if r not in mods]: raise ValueError(f'no module {missing[0]!r} in the package at {pkg_dir}')
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m not in seen: seen.add(m); todo += edges.get(m, set()) - seen
+    return {m: mods[m] for m in sorted(seen)}
