@@ -6,7 +6,7 @@
 from __future__ import annotations
 import platform, time
 from functools import lru_cache
-from ..core.basics import ClawError
+from ..core.basics import ClawError, cpu_info
 from ..env.demo_tasks import make_demo_tasks
 from ..env.evaluate import run_parallel
 from ..env.policies import smollm2_gguf
@@ -32,7 +32,7 @@ def machine_roofline(size:int=2048, copy_mb:int=256, repeats:int=3) -> dict:
     return {'gemm_gflops': round(2 * size**3 / best(lambda: a @ a, repeats) / 1e9, 1),
             'gemm_bf16_gflops': round(2 * size**3 / best(lambda: b @ b, repeats) / 1e9, 1),
             'copy_gbps': round(2 * src.numel() * 4 / best(lambda: dst.copy_(src), repeats) / 1e9, 1),
-            'threads': torch.get_num_threads(), 'cpu': platform.processor() or platform.machine()}
+            'threads': torch.get_num_threads(), 'cpu': cpu_info()['cpu_model'] or platform.machine(), 'cpu_flags': cpu_info()['cpu_flags']}
 
 def bench_prompts(tok, n:int) -> list:
     "`n` student prompts (token ids) of demo workspace tasks, as an episode's first turn sees them."
@@ -83,8 +83,7 @@ _QUIET = []
 @lru_cache(maxsize=None)
 def _amx_cpu() -> bool:
     "Whether this CPU has AMX tiles (Linux: /proc/cpuinfo flags)."
-    try: return ' amx_tile' in open('/proc/cpuinfo').read()
-    except OSError: return False
+    return 'amx_tile' in cpu_info()['cpu_flags']
 
 def _quiet_llama_cpp(L):
     "Route llama.cpp's log lines (a few thousand per model load) to nowhere, once per process."

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'ClawError', 'require_same', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl', 'project_root', 'data_dir',
-           'external_data', 'missing_data', 'git_commit', 'package_versions', 'machine_info', 'machine_places',
-           'sanitise_outputs', 'release_openmp_threads']
+__all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'MATRIX_FLAGS', 'ClawError', 'require_same', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl',
+           'project_root', 'data_dir', 'external_data', 'missing_data', 'git_commit', 'package_versions', 'cpu_info',
+           'machine_info', 'machine_places', 'sanitise_outputs', 'release_openmp_threads']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -161,13 +161,22 @@ def package_versions(names:Iterable[str]=('clawgym-nb', 'torch', 'transformers',
         except PackageNotFoundError: out[n] = None
     return out
 
+MATRIX_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')   # CPU features that decide how fast matrix products run
+
+def cpu_info() -> dict:
+    "The CPU's model name and which of `MATRIX_FLAGS` it has (Linux `/proc/cpuinfo`; None / [] where unreadable)."
+    try: lines = Path('/proc/cpuinfo').read_text().splitlines()
+    except OSError: lines = []
+    field = lambda name: next((l.split(':', 1)[1].strip() for l in lines if l.split(':', 1)[0].strip() == name), '')
+    return {'cpu_model': field('model name') or None, 'cpu_flags': [f for f in MATRIX_FLAGS if f in field('flags').split()]}
+
 def machine_info() -> dict:
-    "Host facts that matter for timings: platform, python, cores, memory."
+    "Host facts that matter for timings: platform, python, cores, memory, the CPU's model and matrix features."
     mem = None
     try: mem = round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30, 1)
     except (ValueError, OSError, AttributeError): pass
     return {'platform': platform.platform(), 'python': sys.version.split()[0], 'cpus': os.cpu_count(),
-            'mem_gib': mem, 'hostname': platform.node()}
+            'mem_gib': mem, 'hostname': platform.node(), **cpu_info()}
 
 # %% ../../nbs/core/00_basics.ipynb #d39ab0c3
 def machine_places(root:str|Path|None=None) -> list:
