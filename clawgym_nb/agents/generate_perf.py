@@ -28,11 +28,11 @@ def machine_roofline(size:int=2048, copy_mb:int=256, repeats:int=3) -> dict:
         for _ in range(n): t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
         return min(ts)
     a = torch.randn(size, size); b = a.bfloat16()
-    src = torch.empty(copy_mb * 2**20 // 4); dst = torch.empty_like(src)
+    src = torch.empty(copy_mb * 2**20 // 4); dst = torch.empty_like(src); cpu = cpu_info()
     return {'gemm_gflops': round(2 * size**3 / best(lambda: a @ a, repeats) / 1e9, 1),
             'gemm_bf16_gflops': round(2 * size**3 / best(lambda: b @ b, repeats) / 1e9, 1),
             'copy_gbps': round(2 * src.numel() * 4 / best(lambda: dst.copy_(src), repeats) / 1e9, 1),
-            'threads': torch.get_num_threads(), 'cpu': cpu_info()['cpu_model'] or platform.machine(), 'cpu_flags': cpu_info()['cpu_flags']}
+            'threads': torch.get_num_threads(), 'cpu': cpu['cpu_model'] or platform.machine(), 'cpu_flags': cpu['cpu_flags']}
 
 def bench_prompts(tok, n:int) -> list:
     "`n` student prompts (token ids) of demo workspace tasks, as an episode's first turn sees them."

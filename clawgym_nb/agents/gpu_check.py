@@ -32,6 +32,7 @@ def shaped_model_dir(shape:str|dict='qwen3-4b',  # A key of `PAPER_SHAPES`, or `
     if isinstance(shape, str) and shape not in PAPER_SHAPES: raise ClawError(f'unknown shape {shape!r}; use {", ".join(PAPER_SHAPES)}', field='shape')
     if isinstance(shape, dict) and out_dir is None: raise ClawError('a shape given as a dict needs an out_dir', field='out_dir')
     out = Path(out_dir) if out_dir else cache_root()/'models'/f'shape-{shape}-s{seed}'
+    if out_dir is None and (out/'rung.json').is_file(): return out   # a named shape built before (as `tiny_model_dir` reuses its build)
     with tempfile.TemporaryDirectory() as d:
         synthesize('mixed', n_tasks, seed=seed, out_dir=d, validate=False, progress=False, log=lambda *a: None)
         texts = tiny_corpus(load_tasks(d))
