@@ -6,7 +6,7 @@ import torch
 from clawgym_nb.core.basics import ClawError, read_jsonl
 from clawgym_nb.agents.models import load_model
 from clawgym_nb.agents.student import render_prompt
-from clawgym_nb.online.guard import heldout_probes, norm_caps, share_batch, user_of
+from clawgym_nb.online.guard import heldout_floor, heldout_probes, norm_caps, share_batch, user_of
 from clawgym_nb.online.update import OnlineConfig, online_update
 from clawgym_nb.online.trainer import OnlineLoop
 
@@ -30,6 +30,14 @@ def test_norm_caps_share_after_scaling():
     assert norm_caps(norms) == {u: 1.0 for u in norms} and norm_caps({'solo': 2.0}, 0.5) == {'solo': 0.0}
     with pytest.raises(ClawError, match='max_grad_share'): norm_caps(norms, 1.5)
 
+
+def test_heldout_floor_is_anchored_at_the_start():
+    # a drift of small drops, each inside the margin of the last published score, stops at start - margin
+    start, margin, published, kept = 0.50, 0.05, 0.50, []
+    for score in (0.47, 0.44, 0.46, 0.42, 0.52, 0.48):
+        if score >= heldout_floor(published, start, margin): published = score; kept.append(score)
+    assert kept == [0.47, 0.46, 0.52, 0.48]
+    assert heldout_floor(0.30, 0.50, 0.05) == pytest.approx(0.45) and heldout_floor(0.70, 0.50, 0.05) == pytest.approx(0.65)
 
 def test_heldout_probes_refuse_an_adversary():
     p = heldout_probes(['student', 'ta'], n=3)

@@ -54,6 +54,8 @@ def test_kill_judge_then_trainer(tmp_path):
     assert set(used) | {s for s in samples if s not in used} == samples and fin['left_over'] == len(samples - set(used)) < 8
     versions = [u['update'] for u in read_jsonl(run/'updates.jsonl')]
     assert versions == sorted(set(versions)) and fin['version'] == versions[-1]
+    assert 'adapter and optimizer state loaded' in (run/'logs'/'train.log').read_text()          # the restart resumed its AdamW moments too
+    assert [p.name for p in (run/'trainer').glob('optimizer-v*.pt')] == [f"optimizer-v{fin['version']:05d}.pt"]
 
 
 def test_bad_settings_are_refused(tmp_path):

@@ -9,7 +9,8 @@ from ..agents.student import render_prompt
 from .users import ADVERSARIES, SimulatedUser, homework, rate
 
 # %% auto #0
-__all__ = ['HELDOUT_SEED', 'user_of', 'share_batch', 'norm_caps', 'heldout_probes', 'heldout_score', 'snapshot', 'restore']
+__all__ = ['HELDOUT_SEED', 'user_of', 'share_batch', 'norm_caps', 'heldout_probes', 'heldout_score', 'heldout_floor', 'snapshot',
+           'restore']
 
 # %% ../../nbs/online/05a_guard.ipynb #972a457d
 def user_of(sample:dict|str) -> str:
@@ -75,6 +76,11 @@ def heldout_score(model, tok, probes:list, max_new_tokens:int=96) -> dict:
     for p, x in zip(probes, ratings): by_user.setdefault(p['user'], []).append(x)
     per = {u: round(sum(xs) / len(xs), 4) for u, xs in by_user.items()}
     return {'mean': round(sum(ratings) / len(ratings), 4), 'per_user': per, 'replies': replies}
+
+# %% ../../nbs/online/05a_guard.ipynb #61350719
+def heldout_floor(published:float, start:float, margin:float) -> float:
+    "The lowest held-out score an update may publish: within `margin` of the published weights' score and of the starting weights'."
+    return max(published, start) - margin
 
 # %% ../../nbs/online/05a_guard.ipynb #7ced1d24
 def snapshot(model, optimizer) -> tuple:

@@ -10,14 +10,14 @@ from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
 from ..env.policies import make_policy
 from ..agents.models import load_model
 from .samples import SampleLedger, collect, UNJUDGED
-from .guard import heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
+from .guard import heldout_floor, heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
 from .users import ADVERSARIES
 from .update import OnlineConfig, online_update
 from .serving import ServedStudent, serve_student, publish_weights
 from .loop import LOOP_DEFAULTS, LIGHT_PARTS, PARTS, loop_config, part_url, serve_until_stopped
 
 # %% auto #0
-__all__ = ['HEAVY_PARTS', 'train_online', 'run_heavy_part', 'OnlineLoop']
+__all__ = ['HEAVY_PARTS', 'train_online', 'load_published', 'run_heavy_part', 'OnlineLoop']
 
 # %% ../../nbs/online/09_trainer.ipynb #dda895ee
 def _judges(folder:Path, cfg:dict):
@@ -29,12 +29,27 @@ def _trainee(folder:Path, cfg:dict, version:int):
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
     tok, base = load_model(cfg['model'], device=cfg['device'])
-    w = folder/'weights'/f'v{version:05d}'
-    net = PeftModel.from_pretrained(base, w, is_trainable=True) if version else \
+    net = PeftModel.from_pretrained(base, _weights(folder, version), is_trainable=True) if version else \
           get_peft_model(base, LoraConfig(r=cfg['lora_r'], lora_alpha=2 * cfg['lora_r'], lora_dropout=0.0, target_modules='all-linear', task_type='CAUSAL_LM'))
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg['lr'], weight_decay=0.0)
-    if version and (w/'optimizer.pt').is_file(): opt.load_state_dict(torch.load(w/'optimizer.pt'))
+    if version and not _optimizer_file(folder, version).is_file():
+        raise ClawError(f'no saved optimizer state for version {version}: this run cannot resume exactly', file=str(_optimizer_file(folder, version)), field='version')
+    if version: opt.load_state_dict(torch.load(_optimizer_file(folder, version)))
     return tok, net, opt
+
+_weights = lambda folder, version: Path(folder)/'weights'/f'v{version:05d}'          # published adapters (serving reads them)
+_optimizer_file = lambda folder, version: Path(folder)/'trainer'/f'optimizer-v{version:05d}.pt'   # the trainer's own
+
+def _save_optimizer(opt, folder:Path, version:int):
+    "The optimizer's state beside the trainer's state (not in the published folder, which publishing replaces)."
+    import torch
+    f = _optimizer_file(folder, version); tmp = f.with_suffix('.tmp')
+    torch.save(opt.state_dict(), tmp); os.replace(tmp, f)
+
+def _prune_optimizers(folder:Path, version:int):
+    "Remove the optimizer states older than `version` (once `state.json` names it: a crash before leaves the older one to resume from)."
+    for old in _optimizer_file(folder, version).parent.glob('optimizer-v*.pt'):
+        if old != _optimizer_file(folder, version): old.unlink(missing_ok=True)
 
 def _post(url:str, path:str, body:dict) -> dict|None:
     try: r = httpx.post(url + path, json=body, timeout=60); return r.json() if r.status_code == 200 else None
@@ -60,6 +75,7 @@ def train_online(folder:str|Path, log=print) -> dict:
     torch.manual_seed(cfg['seed'])
     state = json.loads((tdir/'state.json').read_text()) if (tdir/'state.json').is_file() else {'version': 0, 'updates': 0, 'refused': 0}
     tok, net, opt = _trainee(folder, cfg, state['version'])
+    if state['version']: log(f"resumed at version {state['version']}: adapter and optimizer state loaded")
     serve_url, proxy_url = part_url(folder, 'serve', 120), part_url(folder, 'proxy', 120).removesuffix('/v1')
     if state['version']:            # a restart: make sure serving has the newest weights
         try: publish_weights(net, folder/'weights', state['version'], serve_url)
@@ -67,7 +83,7 @@ def train_online(folder:str|Path, log=print) -> dict:
             if 'not newer' not in str(e): raise
     prm, hint_judge = _judges(folder, cfg)
     ledger, loss_cfg, probes = SampleLedger(tdir), OnlineConfig(**cfg['loss']), _probes(cfg)
-    if probes is not None and state.get('heldout') is None: state['heldout'] = heldout_score(net, tok, probes, cfg['max_tokens'])['mean']
+    if probes is not None and state.get('heldout') is None: state['heldout'] = state['heldout_start'] = heldout_score(net, tok, probes, cfg['max_tokens'])['mean']
     judge_new = lambda: collect(folder/'records', ledger, prm, hint_judge, state['version'], m=cfg['judge_m'], max_staleness=cfg['max_staleness'], stale=cfg['stale'])
     next_batch = lambda: share_batch(_fresh(ledger, state['version'], cfg), cfg['batch_size'], cfg['max_user_share'])
     waited, t_wait = 0.0, time.perf_counter()
@@ -92,17 +108,19 @@ def train_online(folder:str|Path, log=print) -> dict:
         after = heldout_score(net, tok, probes, cfg['max_tokens']) if probes is not None else None
         torch.set_num_threads(cfg['threads'])
         if after is not None:
-            row['heldout'] = {'published': state['heldout'], 'candidate': after['mean'], 'per_user': after['per_user']}
-            if after['mean'] < state['heldout'] - cfg['heldout_margin']:       # refused: back to the published weights
+            floor = heldout_floor(state['heldout'], state.setdefault('heldout_start', state['heldout']), cfg['heldout_margin'])
+            row['heldout'] = {'published': state['heldout'], 'start': state['heldout_start'], 'candidate': after['mean'], 'per_user': after['per_user']}
+            if after['mean'] < floor:                                          # refused: back to the published weights
                 restore(net, opt, snap); ledger.drop(batch, 'refused update'); _post(proxy_url, '/admin/resume', {})
                 state = {**state, 'refused': state.get('refused', 0) + 1}; atomic_write_json(tdir/'state.json', state)
                 append_jsonl(folder/'updates.jsonl', {'update': None, 'refused': True, **row, 't_end': time.time(), 'ledger': ledger.counts()})
-                log(f"update refused: held-out {after['mean']} < {state['heldout']} - {cfg['heldout_margin']}")
+                log(f"update refused: held-out {after['mean']} < {floor:.4f} (the published or starting score less {cfg['heldout_margin']})")
                 waited, t_wait = 0.0, time.perf_counter(); continue
             state['heldout'] = after['mean']
-        v = state['version'] + 1; w = folder/'weights'/f'v{v:05d}'
-        net.save_pretrained(w); torch.save(opt.state_dict(), w/'optimizer.pt')
+        v = state['version'] + 1
+        net.save_pretrained(_weights(folder, v)); _save_optimizer(opt, folder, v)
         state = {**state, 'version': v, 'updates': state['updates'] + 1}; atomic_write_json(tdir/'state.json', state)
+        _prune_optimizers(folder, v)
         ledger.mark_used(v, batch)
         pub = publish_weights(net, folder/'weights', v, serve_url, keep=10**6)
         _post(proxy_url, '/admin/resume', {})
@@ -112,6 +130,20 @@ def train_online(folder:str|Path, log=print) -> dict:
         waited, t_wait = 0.0, time.perf_counter()
     out = {**state, 'ledger': ledger.counts(), 'left_over': len(ledger.pending())}
     atomic_write_json(tdir/'finished.json', out); return out
+
+# %% ../../nbs/online/09_trainer.ipynb #94f13024
+def load_published(folder:str|Path, version:int|None=None):
+    "`(tok, model)`: the base with a run's published adapter `version` (None: the newest; 0: the base alone), for evaluation."
+    from peft import PeftModel
+    folder = Path(folder)
+    if not (folder/'config.json').is_file(): raise ClawError('not an online loop folder (no config.json)', file=str(folder), field='folder')
+    cfg = loop_config(folder)
+    if version is None: version = json.loads((folder/'trainer'/'state.json').read_text())['version'] if (folder/'trainer'/'state.json').is_file() else 0
+    tok, base = load_model(cfg['model'], device=cfg['device'])
+    if not version: return tok, base.eval()
+    if not (_weights(folder, version)/'adapter_config.json').is_file():
+        raise ClawError(f'no published adapter of version {version}', file=str(_weights(folder, version)), field='version')
+    return tok, PeftModel.from_pretrained(base, _weights(folder, version)).eval()
 
 # %% ../../nbs/online/09_trainer.ipynb #e0cd8633
 HEAVY_PARTS = ('serve', 'train')
