@@ -168,6 +168,10 @@ def test_openclaw_rl_poisoning_guard_and_shares(smoke_run):
     g = upd[(upd.arm == 'guarded') & ~upd.refused]
     assert (g.adversary_samples <= cap).all() and g.heldout_candidate.notna().all()      # the guarded arm checked every update
     assert upd[upd.arm != 'guarded'].heldout_candidate.isna().all()
+    fin = pd.read_csv(folders['openclaw_rl_poisoning']/'tables'/'final_probes.csv')
+    assert set(fin.arm) == {'start', *m['arms']} and len(fin) == 1 + len(m['arms']) * len(m['seeds'])
+    assert fin.honest.between(0, 1).all() and fin[fin.arm == 'start'].version.eq(0).all() and fin[fin.arm != 'start'].version.gt(0).any()
+    assert set(m['final_probe_honest']) == set(m['arms']) and 0 <= m['start_probe']['honest'] <= 1
 
 
 def test_openclaw_rl_personal_serving_latency_against_serving_only(smoke_run):
