@@ -8,7 +8,7 @@ import atexit, json, math, os, queue, re, shlex, shutil, stat, tempfile, threadi
 from pathlib import Path
 from ..core.basics import ClawError, WORKSPACE_MOUNT
 from .tasks import Task, _task_entry
-from .transcript import openai_to_openclaw
+from .transcript import content_text, openai_to_openclaw
 from .sandbox import ExecResult
 from .sandboxes import make_sandbox, default_provider
 
@@ -28,19 +28,12 @@ def as_openclaw(transcript:list|None) -> list[dict]:
     if not _is_openai(transcript): return transcript
     return openai_to_openclaw(transcript)
 
-def _text(content) -> str:
-    "Plain text of an OpenAI or OpenClaw message content."
-    if isinstance(content, str): return content
-    if isinstance(content, list):
-        return '\n'.join(b.get('text', '') for b in content if isinstance(b, dict) and b.get('type') in ('text', 'output_text'))
-    return ''
-
 def final_message(transcript:list|None) -> str:
     "The text of the last assistant message with text in `transcript` (either format)."
     for m in reversed(list(transcript or [])):
         msg = m.get('message', m) if isinstance(m, dict) else {}
         if isinstance(msg, dict) and msg.get('role') == 'assistant':
-            t = _text(msg.get('content'))
+            t = content_text(msg.get('content'))
             if t.strip(): return t
     return ''
 

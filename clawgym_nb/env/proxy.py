@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import httpx
 from ..core.basics import ClawError, append_jsonl
 from .openai_server import BackgroundServer, HTTPError, JSONHandler, one_line, validate_chat_request
+from .transcript import content_text
 
 # %% auto #0
 __all__ = ['SIDE_TYPES', 'TURN_TYPES', 'truthy', 'parse_routing', 'is_heartbeat', 'norm_message', 'extends', 'tail_state',
@@ -41,14 +42,10 @@ def parse_routing(headers:Mapping,             # Request headers (case-insensiti
             'done': truthy(h.get('x-session-done')) or truthy(b_done), 'routed_model': m_tt is not None}
 
 # %% ../../nbs/env/08a_proxy.ipynb #85a6d241
-def _text(c:Any) -> str:
-    if isinstance(c, list): return ''.join(p.get('text', '') for p in c if isinstance(p, dict))
-    return c or ''
-
 def is_heartbeat(messages:list[dict]) -> bool:
     "Whether the last user message is an OpenClaw heartbeat prompt."
     last = next((m for m in reversed(messages) if m.get('role') == 'user'), None)
-    return bool(last) and bool(re.search(r'HEARTBEAT(_OK|\.md)', _text(last.get('content'))))
+    return bool(last) and bool(re.search(r'HEARTBEAT(_OK|\.md)', content_text(last.get('content'))))
 
 # %% ../../nbs/env/08a_proxy.ipynb #408215b6
 def _canon_args(a:Any) -> str:
@@ -59,7 +56,7 @@ def norm_message(m:dict) -> tuple:
     "A comparable normal form of a chat message (ignores null fields, key order, JSON spacing)."
     tcs = tuple((tc.get('id'), (tc.get('function') or {}).get('name'), _canon_args((tc.get('function') or {}).get('arguments')))
                 for tc in m.get('tool_calls') or [])
-    return (m.get('role'), _text(m.get('content')), tcs, m.get('tool_call_id'))
+    return (m.get('role'), content_text(m.get('content'), sep=''), tcs, m.get('tool_call_id'))   # parts joined as one string: 'ab' == [a, b]
 
 def extends(context:list[dict], messages:list[dict]) -> bool:
     "Whether `messages` is `context` followed by at least one new message."

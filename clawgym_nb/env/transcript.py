@@ -11,7 +11,7 @@ from ..core.basics import ClawError, WORKSPACE_MOUNT, write_jsonl
 
 # %% auto #0
 __all__ = ['SYSTEM_EVENT', 'openai_to_openclaw', 'openclaw_to_openai', 'save_openclaw_jsonl', 'load_openclaw_jsonl',
-           'final_message', 'tool_calls_in', 'load_openclaw_sqlite', 'load_openclaw_session']
+           'content_text', 'final_message', 'tool_calls_in', 'load_openclaw_sqlite', 'load_openclaw_session']
 
 # %% ../../nbs/env/03_transcript.ipynb #ce7de000
 SYSTEM_EVENT = 'clawgym.system'  # customType of the event that carries a system (or developer) message
@@ -190,13 +190,18 @@ def load_openclaw_jsonl(path:str|Path) -> list[dict]:
         events.append(ev)
     return events
 
+def content_text(content, sep:str='\n') -> str:
+    "A message content's text in either format: the string itself, or its text parts (`text`; OpenAI's `output_text`) joined by `sep`."
+    if isinstance(content, str): return content
+    if isinstance(content, list): return sep.join(b.get('text', '') for b in content if isinstance(b, dict) and b.get('type', 'text') in ('text', 'output_text'))
+    return ''
+
 def final_message(events:list[dict]) -> str:
     "The text of the last assistant message that has text ('' if none): a chat task's answer."
     for ev in reversed(events):
         msg = ev.get('message') or {} if ev.get('type') == 'message' else {}
         if msg.get('role') != 'assistant': continue
-        c = msg.get('content')
-        text = c if isinstance(c, str) else '\n'.join(b.get('text', '') for b in (c or []) if isinstance(b, dict) and b.get('type') == 'text')
+        text = content_text(msg.get('content'))
         if text.strip(): return text
     return ''
 

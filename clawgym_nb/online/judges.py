@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from ..core.basics import ClawError
 from ..env.policies import PolicyError, assistant_message, register_policy_kind
+from ..env.transcript import content_text
 from .signals import parse_vote, majority_vote, parse_hint, accept_hints
 
 # %% auto #0
@@ -23,8 +24,7 @@ HINT_SYSTEM = ("You read what followed an assistant's turn. If it contains a cor
 def message_text(m) -> str:
     "A message's text, its tool calls written out after it (`[tool call] name(arguments)`): a judge sees what a tool turn did."
     if isinstance(m, str): return m
-    c = m.get('content') or ''
-    text = c if isinstance(c, str) else ' '.join(p.get('text', '') for p in c if isinstance(p, dict))
+    text = content_text(m.get('content'), sep=' ')
     calls = [f"[tool call] {t['function']['name']}({t['function'].get('arguments', '')})" for t in m.get('tool_calls') or []]
     return '\n'.join([text] + calls).strip() if calls else text
 
