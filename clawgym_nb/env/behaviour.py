@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..core.basics import ClawError, read_jsonl
-from .grading import _text
+from .transcript import content_text
 
 # %% auto #0
 __all__ = ['LABELS', 'STRUCTURAL', 'ASKS', 'CANNOT', 'TEACHER_TAGS', 'Step', 'result_failed', 'tool_steps', 'classify_episode',
@@ -96,7 +96,7 @@ def _recovers(steps:list) -> str|None:
 
 def _last_reply(messages:list) -> str:
     last = next((m for m in reversed(messages) if m.get('role') == 'assistant'), None)
-    return '' if not last or last.get('tool_calls') else _text(last.get('content'))
+    return '' if not last or last.get('tool_calls') else content_text(last.get('content'))
 
 # %% ../../nbs/env/10_behaviour.ipynb #022b4d58
 def classify_episode(messages:list,   # the transcript: OpenAI chat messages
@@ -171,7 +171,7 @@ def transcript_markdown(messages:list, limit:int=400) -> str:
         role = m.get('role')
         if role == 'system': continue
         if role == 'tool': lines.append(f'> `result`: {cut(m.get("content"))}'); continue
-        text = _text(m.get('content'))
+        text = content_text(m.get('content'))
         calls = ' '.join(f"`{tc['function']['name']}({cut(tc['function'].get('arguments'))})`" for tc in m.get('tool_calls') or [])
         lines.append(' '.join(x for x in (f'**{role}**:', cut(text), calls) if x))
     return '\n\n'.join(lines)
