@@ -4,7 +4,7 @@
 
 # %% ../../nbs/env/08_openai_server.ipynb #4794f5b7
 from __future__ import annotations
-import inspect, json, re, socket, sys, threading, time, uuid
+import collections, inspect, json, re, socket, sys, threading, time, uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 from ..core.basics import ClawError
@@ -319,12 +319,14 @@ class OpenAIServer(BackgroundServer):
                  model:str='clawgym-policy', # Model id listed by `/v1/models`
                  api_key:str|None=None,      # If set, require `Authorization: Bearer <api_key>`
                  concurrent:bool=False,      # Call the policy from several threads at once
-                 admin:dict|None=None):      # Extra POST routes, path -> `fn(body) -> dict` (e.g. a weight swap)
+                 admin:dict|None=None,       # Extra POST routes, path -> `fn(body) -> dict` (e.g. a weight swap)
+                 keep_requests:int=1000):    # Request bodies kept for reading back (the newest); a long-serving endpoint stays bounded
         self.policy, self.model, self.api_key = policy, model, api_key
         self._lock = None if concurrent else threading.Lock()
         try: self._wants_request = 'request' in inspect.signature(policy).parameters
         except (TypeError, ValueError): self._wants_request = False
-        self.requests: list[dict] = []  # every accepted request body, in order (tests and judges read it)
+        self.requests = collections.deque(maxlen=keep_requests)   # the newest accepted request bodies, in order (tests and judges read them)
+        self.n_requests = 0                                          # every accepted request, counted
         self.admin = dict(admin or {})
         handler = type('_AdminPolicyHandler', (_PolicyHandler,), {'POST': {**_PolicyHandler.POST, **{p: 'admin' for p in self.admin}}}) if self.admin else _PolicyHandler
         super().__init__(handler, host, port)
@@ -338,7 +340,7 @@ class OpenAIServer(BackgroundServer):
 
     def complete(self, body:dict) -> tuple[dict, dict]:
         "Run the policy on a validated request body; returns (message, extras)."
-        self.requests.append(body)
+        self.requests.append(body); self.n_requests += 1
         kw = {'request': body} if self._wants_request else {}
         try:
             if self._lock:
