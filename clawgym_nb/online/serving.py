@@ -12,7 +12,7 @@ from ..agents.models import load_model
 from ..agents.student import Generator, render_prompt
 
 # %% auto #0
-__all__ = ['ServedStudent', 'serve_student', 'publish_weights']
+__all__ = ['ServedStudent', 'serve_student', 'save_adapter', 'swap_weights', 'publish_weights']
 
 # %% ../../nbs/online/07_serving.ipynb #8d887a94
 class ServedStudent:
@@ -88,19 +88,28 @@ def serve_student(student:ServedStudent, host:str='127.0.0.1', port:int=0, model
     return OpenAIServer(student, host, port, model, api_key, concurrent=True, admin={'/admin/weights': student.load_weights})
 
 # %% ../../nbs/online/07_serving.ipynb #d66923b3
+def save_adapter(net, folder:str|Path, version:int) -> Path:
+    "Write the adapter as `folder/vNNNNN` atomically: a reader (serving, a restarted trainer) never sees half a version."
+    folder = Path(folder); tmp = folder/f'.v{version:05d}.tmp'; shutil.rmtree(tmp, ignore_errors=True)
+    net.save_pretrained(tmp); return replace_dir(tmp, folder/f'v{version:05d}')
+
+def swap_weights(path:str|Path,                 # A saved adapter version (`save_adapter`)
+                 version:int,
+                 server_url:str,                # The serving server's root (no /v1)
+                 api_key:str|None=None, keep:int=2, timeout:float=300) -> dict:
+    "Have the server swap in the saved adapter `path`, then keep the newest `keep` versions beside it; the server's timings."
+    h = {'Authorization': f'Bearer {api_key}'} if api_key else {}
+    try: r = httpx.post(f"{server_url.rstrip('/')}/admin/weights", json={'path': str(path), 'version': version}, headers=h, timeout=timeout)
+    except httpx.HTTPError as e: raise ClawError(f'serving server unreachable: {type(e).__name__}: {e}', field='server_url') from None
+    if r.status_code != 200: raise ClawError(f"weight swap refused ({r.status_code}): {r.json().get('error', {}).get('message', r.text)[:300]}", field='server_url')
+    for old in sorted(Path(path).parent.glob('v*'))[:-keep]: shutil.rmtree(old, ignore_errors=True)
+    return r.json()
+
 def publish_weights(net,                        # The trainer's peft model
                     folder:str|Path,            # Where versions are kept
                     version:int,
                     server_url:str,             # The serving server's root (no /v1)
                     api_key:str|None=None, keep:int=2, timeout:float=300) -> dict:
     "Save the adapter as version `version`, have the server swap it in; the server's timings plus the save time."
-    t0 = time.perf_counter(); folder = Path(folder)
-    tmp = folder/f'.v{version:05d}.tmp'; shutil.rmtree(tmp, ignore_errors=True)
-    net.save_pretrained(tmp); final = replace_dir(tmp, folder/f'v{version:05d}')
-    save_s = time.perf_counter() - t0
-    h = {'Authorization': f'Bearer {api_key}'} if api_key else {}
-    try: r = httpx.post(f"{server_url.rstrip('/')}/admin/weights", json={'path': str(final), 'version': version}, headers=h, timeout=timeout)
-    except httpx.HTTPError as e: raise ClawError(f'serving server unreachable: {type(e).__name__}: {e}', field='server_url') from None
-    if r.status_code != 200: raise ClawError(f"weight swap refused ({r.status_code}): {r.json().get('error', {}).get('message', r.text)[:300]}", field='server_url')
-    for old in sorted(folder.glob('v*'))[:-keep]: shutil.rmtree(old, ignore_errors=True)
-    return {**r.json(), 'save_s': round(save_s, 4), 'publish_s': round(time.perf_counter() - t0, 4)}
+    t0 = time.perf_counter(); final = save_adapter(net, folder, version); save_s = time.perf_counter() - t0
+    return {**swap_weights(final, version, server_url, api_key, keep, timeout), 'save_s': round(save_s, 4), 'publish_s': round(time.perf_counter() - t0, 4)}

@@ -13,7 +13,7 @@ from .samples import SampleLedger, collect, UNJUDGED
 from .guard import heldout_floor, heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
 from .users import ADVERSARIES
 from .update import OnlineConfig, online_update
-from .serving import ServedStudent, serve_student, publish_weights
+from .serving import ServedStudent, serve_student, save_adapter, swap_weights
 from .loop import LOOP_DEFAULTS, LIGHT_PARTS, PARTS, loop_config, part_url, serve_until_stopped
 
 # %% auto #0
@@ -32,9 +32,10 @@ def _trainee(folder:Path, cfg:dict, version:int):
     net = PeftModel.from_pretrained(base, _weights(folder, version), is_trainable=True) if version else \
           get_peft_model(base, LoraConfig(r=cfg['lora_r'], lora_alpha=2 * cfg['lora_r'], lora_dropout=0.0, target_modules='all-linear', task_type='CAUSAL_LM'))
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg['lr'], weight_decay=0.0)
-    if version and not _optimizer_file(folder, version).is_file():
-        raise ClawError(f'no saved optimizer state for version {version}: this run cannot resume exactly', file=str(_optimizer_file(folder, version)), field='version')
-    if version: opt.load_state_dict(torch.load(_optimizer_file(folder, version)))
+    if version:
+        f = _optimizer_file(folder, version)
+        if not f.is_file(): raise ClawError(f'no saved optimizer state for version {version}: this run cannot resume exactly', file=str(f), field='version')
+        opt.load_state_dict(torch.load(f))
     return tok, net, opt
 
 _weights = lambda folder, version: Path(folder)/'weights'/f'v{version:05d}'          # published adapters (serving reads them)
@@ -48,8 +49,9 @@ def _save_optimizer(opt, folder:Path, version:int):
 
 def _prune_optimizers(folder:Path, version:int):
     "Remove the optimizer states older than `version` (once `state.json` names it: a crash before leaves the older one to resume from)."
-    for old in _optimizer_file(folder, version).parent.glob('optimizer-v*.pt'):
-        if old != _optimizer_file(folder, version): old.unlink(missing_ok=True)
+    keep = _optimizer_file(folder, version)
+    for old in keep.parent.glob('optimizer-v*.pt'):
+        if old != keep: old.unlink(missing_ok=True)
 
 def _post(url:str, path:str, body:dict) -> dict|None:
     try: r = httpx.post(url + path, json=body, timeout=60); return r.json() if r.status_code == 200 else None
@@ -78,7 +80,7 @@ def train_online(folder:str|Path, log=print) -> dict:
     if state['version']: log(f"resumed at version {state['version']}: adapter and optimizer state loaded")
     serve_url, proxy_url = part_url(folder, 'serve', 120), part_url(folder, 'proxy', 120).removesuffix('/v1')
     if state['version']:            # a restart: make sure serving has the newest weights
-        try: publish_weights(net, folder/'weights', state['version'], serve_url)
+        try: swap_weights(_weights(folder, state['version']), state['version'], serve_url, keep=10**6)   # saved before state.json named it
         except ClawError as e:
             if 'not newer' not in str(e): raise
     prm, hint_judge = _judges(folder, cfg)
@@ -117,14 +119,14 @@ def train_online(folder:str|Path, log=print) -> dict:
                 log(f"update refused: held-out {after['mean']} < {floor:.4f} (the published or starting score less {cfg['heldout_margin']})")
                 waited, t_wait = 0.0, time.perf_counter(); continue
             state['heldout'] = after['mean']
-        v = state['version'] + 1
-        net.save_pretrained(_weights(folder, v)); _save_optimizer(opt, folder, v)
+        v, t_pub = state['version'] + 1, time.perf_counter()
+        saved = save_adapter(net, folder/'weights', v); _save_optimizer(opt, folder, v)   # both on disk before state.json names v
         state = {**state, 'version': v, 'updates': state['updates'] + 1}; atomic_write_json(tdir/'state.json', state)
         _prune_optimizers(folder, v)
         ledger.mark_used(v, batch)
-        pub = publish_weights(net, folder/'weights', v, serve_url, keep=10**6)
+        pub = swap_weights(saved, v, serve_url, keep=10**6)
         _post(proxy_url, '/admin/resume', {})
-        append_jsonl(folder/'updates.jsonl', {'update': v, 'refused': False, **row, 'publish_s': pub['publish_s'], 'swap_s': pub['total_s'],
+        append_jsonl(folder/'updates.jsonl', {'update': v, 'refused': False, **row, 'publish_s': round(time.perf_counter() - t_pub, 4), 'swap_s': pub['total_s'],
                                               't_end': time.time(), 'ledger': ledger.counts()})
         log(f"update {v}: loss {stats['loss']} kinds {stats['kinds']} drift {stats['drift']}")
         waited, t_wait = 0.0, time.perf_counter()
