@@ -9,8 +9,8 @@ from ..env.transcript import content_text
 from .signals import parse_vote, majority_vote, parse_hint, accept_hints
 
 # %% auto #0
-__all__ = ['PRM_SYSTEM', 'HINT_SYSTEM', 'CORRECTION', 'THANKS', 'TOOL_ERROR', 'message_text', 'judge_messages', 'rule_judgement',
-           'RuleJudge', 'judge_turn', 'hint_turn']
+__all__ = ['PRM_SYSTEM', 'HINT_SYSTEM', 'CORRECTION', 'THANKS', 'TOOL_ERROR', 'message_text', 'judge_messages', 'sentences',
+           'rule_judgement', 'RuleJudge', 'judge_turn', 'hint_turn']
 
 # %% ../../nbs/online/03_judges.ipynb #48900c35
 PRM_SYSTEM = ("You judge one turn of a personal assistant by what happened next. +1: the turn made progress (the user is "
@@ -47,7 +47,8 @@ THANKS = re.compile(r"\b(thanks|thank you|great|perfect|exactly|that works|works
 TOOL_ERROR = re.compile(r"(Traceback|\bError\b|error:|(?:exit code|exited with code) [1-9]|No such file|Permission denied|command not found)", re.I)
 _STATE = re.compile(r'<next_state role="(\w+)">\n(.*?)\n</next_state>', re.S)
 
-def _sentences(text:str) -> list[str]:
+def sentences(text:str) -> list[str]:
+    "A text's sentences and lines, stripped (what the rule judge looks for corrections in)."
     return [s.strip() for s in re.split(r'(?<=[.!?])\s+|\n+', text) if s.strip()]
 
 def rule_judgement(kind:str, prompt:str) -> str:
@@ -60,7 +61,7 @@ def rule_judgement(kind:str, prompt:str) -> str:
         if kind == 'prm': return f"The tool {'reported an error' if err else 'ran cleanly'}. \\boxed{{{-1 if err else 1}}}"
         return (f'A command failed. \\boxed{{1}} [HINT_START]The last command failed with "{err[:120]}"; fix its cause before '
                 f'going on.[HINT_END]') if err else 'Nothing to correct. \\boxed{-1}'
-    fixes = [s for s in _sentences(state) if CORRECTION.search(s)]
+    fixes = [s for s in sentences(state) if CORRECTION.search(s)]
     if kind == 'prm':
         score = -1 if fixes else 1 if THANKS.search(state) else 0
         return f"The user {'asks for a change' if score < 0 else 'is satisfied' if score else 'gives no clear signal'}. \\boxed{{{score}}}"
