@@ -205,10 +205,12 @@ class DecodeRows:
         if max(self.lens) + 1 > length: self._alloc(self.K[0].shape[0], 2 * length)
         lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1
         mask = (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]             # [B, 1, 1, Lm]
+        g = lm.H // lm.Hkv                                                          # query heads per key/value head
         def attend(i, q, k, v):
             K, V = self.K[i], self.V[i]
             K[rows, :, lens] = k.to(K.dtype); V[rows, :, lens] = v.to(V.dtype)
-            o = F.scaled_dot_product_attention(q.view(B, lm.H, 1, lm.D).to(K.dtype), K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask, enable_gqa=True)
+            q = q.reshape(B, lm.Hkv, g, lm.D).to(K.dtype)                         # a key head's query heads as its query positions
+            o = F.scaled_dot_product_attention(q, K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask)
             return o.float().reshape(B, -1)
         with torch.no_grad():
             out = lm.head(lm.run(torch.tensor(tokens), lens, attend))
