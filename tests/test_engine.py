@@ -111,3 +111,21 @@ def test_rounded_engines_decode_with_bf16_keys_close_to_float32(gen, weights, to
     for i, seq in enumerate((ids[:6] + [5, 5], ids + [7, 7])):
         ref = torch.log_softmax(_ref(model, seq)[-1], -1)
         assert (torch.log_softmax(out[i], -1) - ref).abs().mean() < tol
+
+
+def test_qwen3_head_norms_match_transformers():
+    "Qwen3's per-head q/k norms (normed and rotated with the key heads side by side) give transformers' logits."
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:          # not all ones: a swapped q / k norm must show
+            layer.self_attn.q_norm.weight.uniform_(0.5, 1.5); layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    ids = [3, 14, 15, 92, 65, 35, 89, 79]
+    lm, ref = PackedLM(model, 'fp32'), _ref(model, ids + [26])
+    last, kv = lm.prefill(ids)
+    assert torch.allclose(last, ref[len(ids) - 1], atol=1e-4)
+    rows = DecodeRows(lm, rows=1, length=16); rows.add(kv)
+    assert torch.allclose(rows.step([26])[0], ref[-1], atol=1e-4)

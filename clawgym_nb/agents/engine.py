@@ -71,8 +71,9 @@ class PackedLinear:
 
 # %% ../../nbs/agents/03b_engine.ipynb #44629694
 def _rms(x, w, eps):
+    "RMS norm over the last dimension (one fused kernel), scaled by `w` unless it is None."
     import torch
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 def _rotate(x, cos, sin):
     import torch
@@ -89,10 +90,11 @@ class _Forward:
         cos, sin = self.rotary(x, pos[None])
         cos, sin = cos[0][:, None], sin[0][:, None]
         for i, L in enumerate(self.layers):
-            q, k, v = L['qkv'](_rms(x, L['ln1'], eps)).split([H * D, Hkv * D, Hkv * D], -1)
-            q, k, v = q.view(-1, H, D), k.view(-1, Hkv, D), v.reshape(-1, Hkv, D)
-            if L['q_norm'] is not None: q, k = _rms(q, L['q_norm'], eps), _rms(k, L['k_norm'], eps)
-            x = x + L['o'](attend(i, _rotate(q, cos, sin), _rotate(k, cos, sin), v))
+            qk, v = L['qkv'](_rms(x, L['ln1'], eps)).split([(H + Hkv) * D, Hkv * D], -1)
+            qk = qk.view(-1, H + Hkv, D)                          # query and key heads side by side: normed and rotated together
+            if L['qk_norm'] is not None: qk = _rms(qk, None, eps) * L['qk_norm']
+            q, k = _rotate(qk, cos, sin).split([H, Hkv], 1)
+            x = x + L['o'](attend(i, q, k, v.reshape(-1, Hkv, D)))
             g, u = L['gate_up'](_rms(x, L['ln2'], eps)).chunk(2, -1)
             x = x + L['down'](torch.nn.functional.silu(g) * u)
         return _rms(x, self.norm, eps)
@@ -115,6 +117,13 @@ class _Forward:
             return self.head(h[-1:])[0], kept
 
 # %% ../../nbs/agents/03b_engine.ipynb #8a7bcc2e
+def _head_norms(attn, H:int, Hkv:int):
+    "Qwen3's per-head q and k norm weights as one `[H + Hkv, head dim]` tensor (None for models without them)."
+    import torch
+    q, k = getattr(attn, 'q_norm', None), getattr(attn, 'k_norm', None)
+    if q is None: return None
+    return torch.cat([q.weight.detach().float().expand(H, -1), k.weight.detach().float().expand(Hkv, -1)])
+
 class PackedLM(_Forward):
     "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16` or `int8`."
     def __init__(self, model,                 # A transformers causal LM (a peft LoRA model too: adapters are merged in)
@@ -149,7 +158,7 @@ class PackedLM(_Forward):
                 qkv_b = [_bias(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
                 self.layers.append(dict(
                     ln1=norm(l.input_layernorm), ln2=norm(l.post_attention_layernorm),
-                    q_norm=norm(getattr(a, 'q_norm', None)), k_norm=norm(getattr(a, 'k_norm', None)),
+                    qk_norm=_head_norms(a, self.H, self.Hkv),
                     qkv=PackedLinear(torch.cat([_weight(a.q_proj), _weight(a.k_proj), _weight(a.v_proj)]),
                                      None if qkv_b[0] is None else torch.cat(qkv_b), f),
                     o=PackedLinear(_weight(a.o_proj), _bias(a.o_proj), f),
