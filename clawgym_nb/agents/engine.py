@@ -117,12 +117,16 @@ class _Forward:
             return self.head(h[-1:])[0], kept
 
 # %% ../../nbs/agents/03b_engine.ipynb #8a7bcc2e
+def _norm(m):
+    "A norm module's weight as float32 (None for no module)."
+    return None if m is None else m.weight.detach().float()
+
 def _head_norms(attn, H:int, Hkv:int):
     "Qwen3's per-head q and k norm weights as one `[H + Hkv, head dim]` tensor (None for models without them)."
     import torch
     q, k = getattr(attn, 'q_norm', None), getattr(attn, 'k_norm', None)
     if q is None: return None
-    return torch.cat([q.weight.detach().float().expand(H, -1), k.weight.detach().float().expand(Hkv, -1)])
+    return torch.cat([_norm(q).expand(H, -1), _norm(k).expand(Hkv, -1)])
 
 class PackedLM(_Forward):
     "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16` or `int8`."
@@ -148,16 +152,15 @@ class PackedLM(_Forward):
         t0, f = time.monotonic(), self.fmt
         base = self.model.get_base_model() if hasattr(self.model, 'get_base_model') else self.model
         inner = base.model
-        def norm(m): return None if m is None else m.weight.detach().float()
         with torch.no_grad():
-            self.rotary, self.embed, self.norm = inner.rotary_emb, inner.embed_tokens.weight.detach().float(), norm(inner.norm)
+            self.rotary, self.embed, self.norm = inner.rotary_emb, inner.embed_tokens.weight.detach().float(), _norm(inner.norm)
             self.head = PackedLinear(_weight(base.lm_head), _bias(base.lm_head), f)
             self.layers = []
             for l in inner.layers:
                 a, m = l.self_attn, l.mlp
                 qkv_b = [_bias(p) for p in (a.q_proj, a.k_proj, a.v_proj)]
                 self.layers.append(dict(
-                    ln1=norm(l.input_layernorm), ln2=norm(l.post_attention_layernorm),
+                    ln1=_norm(l.input_layernorm), ln2=_norm(l.post_attention_layernorm),
                     qk_norm=_head_norms(a, self.H, self.Hkv),
                     qkv=PackedLinear(torch.cat([_weight(a.q_proj), _weight(a.k_proj), _weight(a.v_proj)]),
                                      None if qkv_b[0] is None else torch.cat(qkv_b), f),
