@@ -4,7 +4,7 @@
 
 # %% ../../nbs/syndata/03a_ops_tablib.ipynb #e94b984d
 from __future__ import annotations
-import ast, random, re, textwrap
+import ast, random, re, textwrap, threading
 from .opspec import Context, Operation
 from .mock_tables import Table, make_table
 
@@ -145,8 +145,13 @@ def _drop_dead_defs(tree):
         if not dead: return tree
         tree.body = [s for s in tree.body if s not in dead]
 
+_AST_LOCK = threading.Lock()   # CPython 3.11 counts AST-conversion depth per interpreter, not per thread (gh-106905)
+
 def specialise(body:str, plan:dict) -> tuple:
     "Partially evaluate a solver `body` for `plan`: literals in place of scalar and once-used plan values, constant branches folded, dead helpers dropped. Returns (code, the plan keys still read through `P`)."
+    with _AST_LOCK: return _specialise(body, plan)
+
+def _specialise(body, plan):
     tree = ast.parse(body)
     uses = {}
     for n in ast.walk(tree):
