@@ -114,7 +114,7 @@ def _train_parsers(sub):
     sf.add_argument('--max-length', type=int, default=1536); sf.add_argument('--seed', type=int, default=0)
     sf.add_argument('--max-steps', type=int, default=-1); sf.add_argument('--save-steps', type=int, default=25)
     sf.add_argument('--yarn-factor', type=float, default=None); sf.add_argument('--device', default='cpu')
-    sf.add_argument('--no-bf16', action='store_true')
+    sf.add_argument('--no-bf16', action='store_true', help='float32 (default: bf16 where the device multiplies it natively)')
     sf.add_argument('--resume-from', default=None, help='checkpoint folder (default: the newest in OUT/checkpoints)')
     gr = sub.add_parser('grpo', help='GRPO on training tasks with the code verifier as reward (resumable)')
     gr.add_argument('--model', required=True, help='rung or model folder (e.g. an SFT OUT/model)')
@@ -129,7 +129,7 @@ def _train_parsers(sub):
     gr.add_argument('--lora-r', type=int, default=16, help='LoRA rank; 0 = full fine-tune')
     gr.add_argument('--seed', type=int, default=0); gr.add_argument('--workers', type=int, default=None)
     gr.add_argument('--sandbox', default='auto', choices=['auto', 'local', 'bwrap', 'docker'])
-    gr.add_argument('--device', default='cpu'); gr.add_argument('--no-bf16', action='store_true')
+    gr.add_argument('--device', default='cpu'); gr.add_argument('--no-bf16', action='store_true', help='float32 (default: bf16 where the device multiplies it natively)')
     gc = sub.add_parser('gpu-check', help='SFT + a few GRPO steps on one GPU: tokens per second and peak memory')
     gc.add_argument('--model', default='small'); gc.add_argument('--sft-steps', type=int, default=20)
     gc.add_argument('--grpo-steps', type=int, default=3); gc.add_argument('--out', type=Path, default=None)
@@ -278,7 +278,7 @@ def _train(a) -> dict:
         _at_least(a, batch_size=1, grad_accum=1, max_length=16, save_steps=1)
         rec = train_sft(a.model, sft_data(a.data, a.out, a.threshold, log), a.out, lora_r=a.lora_r or None, lr=a.lr,
                         epochs=a.epochs, batch_size=a.batch_size, grad_accum=a.grad_accum, max_length=a.max_length, seed=a.seed,
-                        bf16=not a.no_bf16, save_steps=a.save_steps, max_steps=a.max_steps, yarn_factor=a.yarn_factor,
+                        bf16=False if a.no_bf16 else None, save_steps=a.save_steps, max_steps=a.max_steps, yarn_factor=a.yarn_factor,
                         device=a.device, resume_from=a.resume_from, log=log)
     else:
         _at_least(a, steps=0, prompts_per_step=1, group_size=2, max_turns=1, max_new_tokens=1, eval_every=1)
@@ -286,5 +286,5 @@ def _train(a) -> dict:
                          group_size=a.group_size, lr=a.lr, clip_low=a.clip_low, clip_high=a.clip_high, kl_coef=a.kl_coef,
                          temperature=a.temperature, max_turns=a.max_turns, max_new_tokens=a.max_new_tokens,
                          max_context=a.max_context, lora_r=a.lora_r or None, eval_every=a.eval_every, provider=a.sandbox,
-                         seed=a.seed, device=a.device, bf16=not a.no_bf16, workers=a.workers, log=log)
+                         seed=a.seed, device=a.device, bf16=False if a.no_bf16 else None, workers=a.workers, log=log)
     return rec

@@ -347,11 +347,12 @@ def test_evaluate_resumes_only_with_the_same_weights(tmp_path, task):
     import shutil, torch
     from clawgym_nb.env.evaluate import evaluate
     from clawgym_nb.agents.models import load_model, tiny_model_dir
+    from clawgym_nb.agents.student import CPU_WEIGHTS
     m = tmp_path/'model'; shutil.copytree(tiny_model_dir(), m)
     spec, ev = f'student:{m}#max_new_tokens=8', tmp_path/'eval'
     evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)
     recorded = json.loads((ev/'policy.json').read_text())
-    assert recorded['policy'] == spec and ':' in recorded['weights'] and '(default engine: auto, bf16)' in recorded['weights']
+    assert recorded['policy'] == spec and ':' in recorded['weights'] and f'(default engine: auto, {CPU_WEIGHTS})' in recorded['weights']
     evaluate([task], spec, ev, max_turns=1, progress=False, log=lambda *a: None)        # same weights: resumes (nothing left to run)
     _, model = load_model(str(m))
     with torch.no_grad(): next(model.parameters()).add_(0.01)

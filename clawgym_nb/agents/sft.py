@@ -6,7 +6,7 @@
 from __future__ import annotations
 import csv, io, json, math, os, shutil, time, warnings
 from pathlib import Path
-from ..core.basics import ClawError, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same
+from ..core.basics import ClawError, atomic_write_json, bf16_default, atomic_write_text, read_jsonl, replace_dir, require_same
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 from .models import base_rung, load_model, rung_label
@@ -173,7 +173,7 @@ def compile_decoder_layers(model) -> int:
 # %% ../../nbs/agents/05_sft.ipynb #b0114273
 def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int|None=16, lora_alpha:int|None=None,
                      lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1, max_length:int=1536,
-                     seed:int=0, bf16:bool=True, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
+                     seed:int=0, bf16:bool|None=None, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
                      device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None,
                      padding_free:bool=True,            # the batch's chats in one row, no padding (batch size 1: no padding anyway)
                      compile_layers:bool|None=None):    # None: on CPU for models of at least COMPILE_MIN_PARAMS parameters
@@ -182,6 +182,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
     from transformers import set_seed
     from trl import SFTConfig, SFTTrainer
     set_seed(seed)
+    bf16 = bf16_default(device) if bf16 is None else bf16     # bf16 autocast where the device multiplies it natively
     if not examples: raise ClawError('no training examples', field='data')
     tok, model = load_model(model_spec, device=device, yarn_factor=yarn_factor)
     padding_free = padding_free and batch_size > 1
@@ -217,7 +218,8 @@ def train_sft(model:str,                     # Base: rung name or model folder
               lora_r:int|None=16,            # LoRA rank (None: full fine-tune)
               lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1,
               max_length:int=1536,           # Longer examples are dropped (counted in sft.json)
-              seed:int=0, bf16:bool=True, save_steps:int=25, max_steps:int=-1,
+              seed:int=0, save_steps:int=25, max_steps:int=-1,
+              bf16:bool|None=None,           # bfloat16 autocast (None: `bf16_default(device)`, on CPU only where it is native)
               yarn_factor:float|None=None,   # YaRN rope scaling for long contexts
               device:str='cpu',
               padding_free:bool=True,        # The batch's chats in one row without padding (same batches, same loss)
@@ -226,6 +228,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
               log=print) -> dict:
     "Fine-tune `model` on the filtered trajectories with assistant-only loss; resumable; writes a merged `model/`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    bf16 = bf16_default(device) if bf16 is None else bf16
     asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
              'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
     if (out/'model'/'config.json').is_file() and (out/'sft.json').is_file():
@@ -315,7 +318,7 @@ def gemm_gflops(n:int=2048, dtype=None, seconds:float=1.0) -> float:
 
 # %% ../../nbs/agents/05_sft.ipynb #9244614c
 def sft_throughput(model_spec:str, examples:list, steps:int=4, batch_size:int=4, max_length:int=1536, lora_r:int|None=16,
-                   lr:float=2e-4, bf16:bool=True, device:str='cpu', work_dir:str|Path|None=None, rounds:int=2,
+                   lr:float=2e-4, bf16:bool|None=None, device:str='cpu', work_dir:str|Path|None=None, rounds:int=2,
                    arms:dict|None=None) -> dict:
     "Trained tokens/s of trl's SFTTrainer padded (as before) and padding-free (now) on the same batches, side by side, against the roofline."
     import gc, statistics, tempfile

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import atexit, json, queue, threading, time, weakref
 from functools import lru_cache
-from ..core.basics import ClawError, release_openmp_threads
+from ..core.basics import ClawError, cpu_bf16, release_openmp_threads
 from ..env.policies import PolicyError, assistant_message, model_fingerprint, parse_tool_calls, register_policy_kind
 from .models import load_model
 from .engine import PackedLM, DecodeRows, packable
@@ -28,7 +28,8 @@ STUDENT_SYSTEM = ("You are OpenClaw, a personal assistant working in the user's 
                   'Call one tool per turn: <tool_call>\n{"name": "exec", "arguments": {"command": "ls input"}}\n</tool_call>\n'
                   "When the task is done, reply with a one-line summary and no tool call.")
 ENGINES = ('auto', 'transformers', 'packed')   # how a `Generator` runs its model ('auto': packed where it can run, on CPU)
-CPU_WEIGHTS = 'bf16'      # the packed engine's default weight format: the choice measured below
+CPU_WEIGHTS = 'bf16' if cpu_bf16() else 'fp32'   # the packed engine's default weight format: bf16 (the choice measured below)
+                                                 # where the CPU multiplies bf16 natively, exact fp32 elsewhere (`core.basics.cpu_bf16`)
 MAX_TOOL_CHARS = 300   # tool outputs longer than this are cut (same cut in training and at inference)
 STUDENT_TOOL_NAMES = ('exec', 'read', 'write', 'edit')
 

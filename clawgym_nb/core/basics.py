@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 # %% auto #0
-__all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'MATRIX_FLAGS', 'ClawError', 'require_same', 'atomic_write_bytes',
+__all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'MATRIX_FLAGS', 'BF16_FLAGS', 'ClawError', 'require_same', 'atomic_write_bytes',
            'atomic_write_text', 'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl',
            'project_root', 'data_dir', 'external_data', 'missing_data', 'git_commit', 'package_versions', 'cpu_info',
-           'machine_info', 'machine_places', 'sanitise_outputs', 'release_openmp_threads']
+           'cpu_bf16', 'bf16_default', 'machine_info', 'machine_places', 'sanitise_outputs', 'release_openmp_threads']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -169,6 +169,17 @@ def cpu_info() -> dict:
     except OSError: lines = []
     field = lambda name: next((l.split(':', 1)[1].strip() for l in lines if l.split(':', 1)[0].strip() == name), '')
     return {'cpu_model': field('model name') or None, 'cpu_flags': [f for f in MATRIX_FLAGS if f in field('flags').split()]}
+
+BF16_FLAGS = ('avx512_bf16', 'amx_bf16')    # x86 features that multiply bfloat16 natively (what oneDNN's fast bf16 kernels use)
+
+@lru_cache(maxsize=None)
+def cpu_bf16() -> bool:
+    "Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere a bf16 product is emulated, far slower than float32."
+    return bool(set(BF16_FLAGS) & set(cpu_info()['cpu_flags']))
+
+def bf16_default(device:str='cpu') -> bool:
+    "Whether training and decoding on `device` default to bfloat16: on a GPU yes, on a CPU only where `cpu_bf16()`."
+    return not str(device).startswith('cpu') or cpu_bf16()
 
 def machine_info() -> dict:
     "Host facts that matter for timings: platform, python, cores, memory, the CPU's model and matrix features."
