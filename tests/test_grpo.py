@@ -150,7 +150,7 @@ def test_two_steps_log_and_save(run):
         assert STEP_KEYS <= set(r) and r['step'] == i and r['episodes'] == 4 and r['infra_failed'] == 0
         assert 0.0 <= r['reward_mean'] <= 1.0 and 0.0 <= r['sandbox_wait_share'] <= 1.0 and r['generate_s'] > 0
         assert r['refresh_s'] >= 0 and (r['logp_drift'] is None) == (r['trained_sequences'] == 0)
-        if r['logp_drift'] is not None: assert 0 <= r['logp_drift'] < 0.1       # bf16 packed engine vs the bf16-autocast trainer
+        if r['logp_drift'] is not None: assert 0 <= r['logp_drift'] < 0.1       # the packed engine (CPU_WEIGHTS) vs the trainer (bf16 autocast where native)
     assert summary['steps_done'] == 2 and summary['model'] == 'tiny' and summary['kl_coef'] == 0.0
     assert json.loads((out/'adapter'/'state.json').read_text())['step'] == 2 and (out/'adapter'/'optimizer.pt').is_file()
     rung = json.loads((out/'model'/'rung.json').read_text())
@@ -233,3 +233,18 @@ def test_grpo_loss_takes_logits_only_where_it_trains(tiny):
     assert st['loss'] == pytest.approx(float(ref), rel=1e-5) and st['clipped'] > 0
     assert st['tokens'] == 2 + sum(m2[1:]) + sum(m1[1:-1])
     for a, b in zip(_grads(model), want): assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_benchmark_is_reused_only_while_no_step_trained(tmp_path):
+    "A benchmark point is the last one again only when no step since it (the current one included) trained a sequence."
+    from clawgym_nb.core.basics import append_jsonl
+    assert grpo._bench_unchanged(tmp_path, {'step': 1, 'trained_sequences': 0}) is None          # nothing played yet
+    append_jsonl(tmp_path/'bench.jsonl', {'step': 0, 'bench_mean': 0.25, 'bench_solved': 0, 'bench_n': 4, 'bench_infra_failed': 0})
+    append_jsonl(tmp_path/'steps.jsonl', {'step': 1, 'trained_sequences': 0})
+    assert grpo._bench_unchanged(tmp_path, {'step': 2, 'trained_sequences': 0})['bench_mean'] == 0.25
+    assert grpo._bench_unchanged(tmp_path, {'step': 2, 'trained_sequences': 3}) is None         # this step moved the weights
+    append_jsonl(tmp_path/'steps.jsonl', {'step': 2, 'trained_sequences': 2})
+    assert grpo._bench_unchanged(tmp_path, {'step': 3, 'trained_sequences': 0}) is None         # an earlier step since did
+    append_jsonl(tmp_path/'bench.jsonl', {'step': 3, 'bench_mean': 0.5, 'bench_solved': 1, 'bench_n': 4, 'bench_infra_failed': 0})
+    append_jsonl(tmp_path/'steps.jsonl', {'step': 3, 'trained_sequences': 0})
+    assert grpo._bench_unchanged(tmp_path, {'step': 4, 'trained_sequences': 0})['bench_mean'] == 0.5

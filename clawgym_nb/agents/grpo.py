@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, math, random, shutil, time
 from pathlib import Path
 from statistics import mean, pstdev
-from ..core.basics import ClawError, append_jsonl, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same, write_jsonl
+from ..core.basics import ClawError, append_jsonl, bf16_default, atomic_write_json, atomic_write_text, read_jsonl, replace_dir, require_same, write_jsonl
 from ..env.evaluate import as_tasks, run_parallel
 from ..env.agent import run_episode
 from .student import Generator, StudentPolicy
@@ -15,8 +15,8 @@ from .sft import save_model
 from .models import model_fingerprint, load_model, rung_label
 
 # %% auto #0
-__all__ = ['group_advantages', 'outcome_reward', 'clipped_surrogate', 'token_advantages', 'grpo_loss', 'outcome_advantages',
-           'grpo_train']
+__all__ = ['BENCH_KEYS', 'group_advantages', 'outcome_reward', 'clipped_surrogate', 'token_advantages', 'grpo_loss',
+           'outcome_advantages', 'grpo_train']
 
 # %% ../../nbs/agents/06_grpo.ipynb #67cbbbeb
 def group_advantages(rewards:list,          # Rewards of one group; None = the episode failed for infrastructure reasons
@@ -95,6 +95,15 @@ def _bench(gen, tasks, provider, max_turns, max_new_tokens, max_context, workers
     return {'bench_mean': round(mean(ok), 4) if ok else None, 'bench_solved': sum(1 for r in ok if r >= 1.0), 'bench_n': len(ok),
             'bench_infra_failed': len(rs) - len(ok)}
 
+BENCH_KEYS = ('bench_mean', 'bench_solved', 'bench_n', 'bench_infra_failed')
+
+def _bench_unchanged(out:Path, rec:dict) -> dict|None:
+    "The last benchmark record when neither the current step (`rec`) nor any step after that benchmark trained a sequence, else None."
+    played = read_jsonl(out/'bench.jsonl')
+    if not played: return None
+    since = [r for r in read_jsonl(out/'steps.jsonl') if r['step'] > played[-1]['step']] + [rec]
+    return played[-1] if all(r['trained_sequences'] == 0 for r in since) else None
+
 def _save_adapter(model, tok, opt, out:Path, state:dict):
     "The LoRA adapter (or, for a full fine-tune, the whole model) with the optimizer and the step, swapped in atomically."
     import torch
@@ -158,7 +167,8 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                lr:float=1e-5, clip_low:float=0.2, clip_high:float=0.28, kl_coef:float=0.0,
                temperature:float=0.7, max_turns:int=6, max_new_tokens:int=256, max_context:int=2048,
                lora_r:int|None=16, eval_every:int=10, provider:str='auto', seed:int=0, device:str='cpu',
-               bf16:bool=True, micro_batch:int=2, workers:int|None=None,
+               micro_batch:int=2, workers:int|None=None,
+               bf16:bool|None=None,       # bfloat16 autocast in the trainer (None: `bf16_default(device)`, on CPU only where it is native)
                engine:str='auto',         # How rollouts are generated: 'auto' (the packed engine on CPU), 'transformers', 'packed'
                weights:str|None=None,     # The packed engine's weight format (default: `CPU_WEIGHTS`)
                max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
@@ -167,6 +177,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     "GRPO with the code verifier's outcome reward (or the advantages `advantages` makes), one sandbox per rollout; resumable; logs per step."
     import torch
     if kl_coef: raise ClawError('a KL term needs a reference model; ClawGym trains with kl_coef=0', field='kl_coef')
+    bf16 = bf16_default(device) if bf16 is None else bf16
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tasks, _ = as_tasks(tasks, log)
     bench, _ = as_tasks(bench_tasks, log) if bench_tasks is not None else ([], [])
@@ -182,7 +193,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
                start_model=start, advantage=getattr(advantages, '__name__', type(advantages).__name__))
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
-        net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s)})
+        net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s), 'bench_reused': False})
     if state['step']: log(f"grpo: resuming after step {state['step']}")
     order = list(range(len(tasks)))
     for step in range(state['step'] + 1, steps + 1):
@@ -208,12 +219,14 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                'gen_tokens_per_s': round((gen.tokens_out - tok0) / gen_s, 1) if gen_s else None,
                'train_tokens_per_s': round(seq_tokens / t_train, 1) if seqs and t_train else None, **adv_stats}
         if bench and (step % eval_every == 0 or step == steps):
-            net.eval(); b = _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s); rec.update(b)
+            same = _bench_unchanged(out, rec)     # no step trained since the last benchmark: the same weights, played already
+            if same: rec.update({k: same[k] for k in BENCH_KEYS}, bench_reused=True)
+            else: net.eval(); rec.update(_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s), bench_reused=False)
         _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging
-        if 'bench_mean' in rec: append_jsonl(out/'bench.jsonl', {'step': step, **{k: rec[k] for k in ('bench_mean', 'bench_solved', 'bench_n', 'bench_infra_failed')}})
+        if 'bench_mean' in rec: append_jsonl(out/'bench.jsonl', {'step': step, **{k: rec[k] for k in (*BENCH_KEYS, 'bench_reused')}})
         append_jsonl(out/'steps.jsonl', rec)
         log(f"grpo step {step}/{steps}: reward {rec['reward_mean']} (n={len(rewards)}, infra {infra}), trained {len(seqs)} seqs, "
-            f"{t_step:.0f} s (sandbox wait {rec['sandbox_wait_share']:.1%})" + (f", bench {rec['bench_mean']}" if 'bench_mean' in rec else ''))
+            f"{t_step:.0f} s (sandbox wait {rec['sandbox_wait_share']:.1%})" + (f", bench {rec['bench_mean']}" + (' (reused: no step trained since)' if rec['bench_reused'] else '') if 'bench_mean' in rec else ''))
     save_model(net, tok, out/'model', model, label=f'{rung_label(model)} + GRPO', stage='grpo', steps=steps)
     rows = read_jsonl(out/'steps.jsonl')
     summary = {**run, 'model': model, 'label': rung_label(model), 'steps_done': len(rows), 'bench': read_jsonl(out/'bench.jsonl'),
