@@ -6,7 +6,7 @@
 from __future__ import annotations
 import platform, time
 from functools import lru_cache
-from ..core.basics import ClawError, cpu_info
+from ..core.basics import ClawError, cpu_bf16, cpu_info
 from ..env.demo_tasks import make_demo_tasks
 from ..env.evaluate import run_parallel
 from ..env.policies import smollm2_gguf
@@ -27,10 +27,11 @@ def machine_roofline(size:int=2048, copy_mb:int=256, repeats:int=3) -> dict:
         f(); ts = []
         for _ in range(n): t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
         return min(ts)
-    a = torch.randn(size, size); b = a.bfloat16()
+    sb = size if cpu_bf16() else size // 4      # emulated bf16 (~1 GFLOP/s) would take a minute at full size: its rate shows at a quarter
+    a = torch.randn(size, size); b = torch.randn(sb, sb).bfloat16()
     src = torch.empty(copy_mb * 2**20 // 4); dst = torch.empty_like(src); cpu = cpu_info()
     return {'gemm_gflops': round(2 * size**3 / best(lambda: a @ a, repeats) / 1e9, 1),
-            'gemm_bf16_gflops': round(2 * size**3 / best(lambda: b @ b, repeats) / 1e9, 1),
+            'gemm_bf16_gflops': round(2 * sb**3 / best(lambda: b @ b, repeats) / 1e9, 1),
             'copy_gbps': round(2 * src.numel() * 4 / best(lambda: dst.copy_(src), repeats) / 1e9, 1),
             'threads': torch.get_num_threads(), 'cpu': cpu['cpu_model'] or platform.machine(), 'cpu_flags': cpu['cpu_flags']}
 
@@ -161,6 +162,8 @@ def _bench_one(name, tok, net, model, prompts, new_tokens, drift_rows) -> dict:
         try: return bench_llama_cpp(prompts, new_tokens, torch.get_num_threads())
         except ImportError: return {'skipped': 'llama-cpp-python is not installed (make llama-cpp builds it)'}
     if name == 'transformers-generate': return bench_transformers_generate(tok, net, prompts, new_tokens)
+    if name == 'packed-bf16' and not cpu_bf16():     # minutes of emulated products that cannot win (`gemm_bf16_gflops` shows the rate)
+        return {'skipped': 'no native bf16 on this CPU (AVX512-BF16 or AMX): its bf16 products are emulated'}
     kw = {'engine': 'transformers'} if name == 'generator' else {'engine': 'packed', 'weights': name.split('-')[1]}
     r = bench_generator(tok, net, prompts, new_tokens, **kw)
     r['logp_drift'] = logp_drift(net, prompts[:drift_rows], r.pop('_outs')[:drift_rows])
