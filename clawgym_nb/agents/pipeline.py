@@ -135,7 +135,8 @@ def episode_behaviour(eval_dir:str|Path, tasks:list) -> dict:
 from ..core.basics import bf16_default
 from ..env.evaluate import evaluate, summarise
 import shutil
-from .sft import train_sft_isolated
+from .models import base_rung
+from .sft import train_sft, train_sft_isolated
 
 def sft_arm(model:str,                 # Base model: rung name or model folder
             data:str|Path,             # The SFT JSONL (`write_sft_dataset`)
@@ -150,7 +151,9 @@ def sft_arm(model:str,                 # Base model: rung name or model folder
     key = arm_key(kind='sft', **inputs); folder = arms_root(root)/'sft'/key
     reused = (folder/'sft.json').is_file() and (folder/'model'/'config.json').is_file()
     if not reused: atomic_write_json(folder/'inputs.json', {**inputs, 'data_file': str(data)})
-    rec = train_sft_isolated(model, data, folder, seed=seed, log=log, **sft)
+    # a process of its own returns a real model's memory; the tiny rung's few MB are not worth its ~6 s of imports (smoke runs)
+    train = train_sft if base_rung(str(model)) == 'tiny' else train_sft_isolated
+    rec = train(model, data, folder, seed=seed, log=log, **sft)
     shutil.rmtree(folder/'checkpoints', ignore_errors=True)   # a finished arm is read back from model/ and sft.json; its resume points are dead weight
     return {**rec, 'key': key, 'reused': reused, 'folder': str(folder), 'model_dir': str(folder/'model')}
 
