@@ -177,7 +177,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     "GRPO with the code verifier's outcome reward (or the advantages `advantages` makes), one sandbox per rollout; resumable; logs per step."
     import torch
     if kl_coef: raise ClawError('a KL term needs a reference model; ClawGym trains with kl_coef=0', field='kl_coef')
-    bf16 = bf16_default(device) if bf16 is None else bf16
+    bf16 = bf16_default(device, bf16)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     tasks, _ = as_tasks(tasks, log)
     bench, _ = as_tasks(bench_tasks, log) if bench_tasks is not None else ([], [])

@@ -146,7 +146,7 @@ def sft_arm(model:str,                 # Base model: rung name or model folder
             log=print,
             **sft) -> dict:            # `train_sft` settings (lora_r, lr, epochs, batch_size, max_length, device, ...)
     "Train the student once per (code, model, data, seed, settings) in `<root>/sft/<key>`; later calls read it back."
-    if sft.get('bf16') is None: sft['bf16'] = bf16_default(sft.get('device', 'cpu'))   # the precision trained in is part of the key
+    sft['bf16'] = bf16_default(sft.get('device', 'cpu'), sft.get('bf16'))   # the precision trained in is part of the key
     inputs = {'code': code_digest(), 'model': str(model), 'data': data_key or content_digest(data), 'seed': seed, **sft}
     key = arm_key(kind='sft', **inputs); folder = arms_root(root)/'sft'/key
     reused = (folder/'sft.json').is_file() and (folder/'model'/'config.json').is_file()

@@ -182,7 +182,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
     from transformers import set_seed
     from trl import SFTConfig, SFTTrainer
     set_seed(seed)
-    bf16 = bf16_default(device) if bf16 is None else bf16     # bf16 autocast where the device multiplies it natively
+    bf16 = bf16_default(device, bf16)     # bf16 autocast where the device multiplies it natively, unless the caller said
     if not examples: raise ClawError('no training examples', field='data')
     tok, model = load_model(model_spec, device=device, yarn_factor=yarn_factor)
     padding_free = padding_free and batch_size > 1
@@ -228,7 +228,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
               log=print) -> dict:
     "Fine-tune `model` on the filtered trajectories with assistant-only loss; resumable; writes a merged `model/`."
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    bf16 = bf16_default(device) if bf16 is None else bf16
+    bf16 = bf16_default(device, bf16)
     asked = {'model': model, 'lora_r': lora_r, 'lr': lr, 'epochs': epochs, 'batch_size': batch_size, 'grad_accum': grad_accum,
              'max_length': max_length, 'seed': seed, 'yarn_factor': yarn_factor}
     if (out/'model'/'config.json').is_file() and (out/'sft.json').is_file():

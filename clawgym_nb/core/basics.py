@@ -177,9 +177,9 @@ def cpu_bf16() -> bool:
     "Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere a bf16 product is emulated, far slower than float32."
     return bool(set(BF16_FLAGS) & set(cpu_info()['cpu_flags']))
 
-def bf16_default(device:str='cpu') -> bool:
-    "Whether training and decoding on `device` default to bfloat16: on a GPU yes, on a CPU only where `cpu_bf16()`."
-    return not str(device).startswith('cpu') or cpu_bf16()
+def bf16_default(device:str='cpu', asked:bool|None=None) -> bool:
+    "`asked` when given; else whether training and decoding on `device` use bfloat16: on a GPU yes, on a CPU only where `cpu_bf16()`."
+    return asked if asked is not None else not str(device).startswith('cpu') or cpu_bf16()
 
 def machine_info() -> dict:
     "Host facts that matter for timings: platform, python, cores, memory, the CPU's model and matrix features."
