@@ -117,6 +117,12 @@ def test_rl_curves_points_and_variance(smoke_run):
     assert len(steps) == len(m['starts']) * len(m['seeds']) * m['steps'] and steps.zero_variance_share.between(0, 1).all()
     pool = pd.DataFrame(m['rl_pool'])
     assert ((pool.rl_pool == pool.partly) | pool.fallback_to_all).all() and (pool.candidates > 0).all()
+    # the SFT start's runs are the shared GRPO arms openclaw_rl_general's outcome arm ran first (name order), for fewer steps
+    g = metrics(folders, 'openclaw_rl_general')
+    assert all(r['steps_before'] >= g['steps'] for r in m['shared_runs'] if r['start'] == 'sft')
+    gs = pd.read_csv(folders['openclaw_rl_general']/'tables'/'steps.csv')
+    cols = ['seed', 'step', 'reward_mean', 'step_s']
+    assert gs[gs.arm == 'outcome'][cols].reset_index(drop=True).equals(steps[(steps.start == 'sft') & (steps.step <= g['steps'])][cols].reset_index(drop=True))
 
 
 def test_openclaw_rl_general_same_budget_both_arms(smoke_run):

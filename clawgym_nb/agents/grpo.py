@@ -16,7 +16,7 @@ from .models import model_fingerprint, load_model, rung_label
 
 # %% auto #0
 __all__ = ['BENCH_KEYS', 'group_advantages', 'outcome_reward', 'clipped_surrogate', 'token_advantages', 'grpo_loss',
-           'outcome_advantages', 'grpo_train']
+           'outcome_advantages', 'grpo_train', 'tasks_digest', 'grpo_arm']
 
 # %% ../../nbs/agents/06_grpo.ipynb #67cbbbeb
 def group_advantages(rewards:list,          # Rewards of one group; None = the episode failed for infrastructure reasons
@@ -119,7 +119,7 @@ def _resume_state(out:Path, model:str, start:str) -> dict:
     if state['step']: require_same(state, {'start_model': start}, out/'adapter'/'state.json', 'the saved steps started from weights', f'{model} differs: use a fresh out_dir')
     if not state['step'] and read_jsonl(out/'steps.jsonl'):
         raise ClawError('steps.jsonl exists but no saved state to resume from; use a fresh out_dir', file=str(out/'steps.jsonl'), field='out_dir')
-    for name in ('steps.jsonl', 'bench.jsonl'):   # lines written after the last saved state are redone
+    for name in ('steps.jsonl', 'bench.jsonl', 'rollouts.jsonl'):   # lines written after the last saved state are redone
         rows = read_jsonl(out/name)
         if any(r['step'] > state['step'] for r in rows): write_jsonl(out/name, [r for r in rows if r['step'] <= state['step']])
     return state
@@ -161,7 +161,7 @@ def _training_batch(jobs:list, eps:dict, group_size:int, advantages=outcome_adva
 # %% ../../nbs/agents/06_grpo.ipynb #e0fa2228
 def grpo_train(model:str,                 # Starting point: an SFT model folder or a rung
                tasks,                     # Training tasks: a store folder or a list of `Task`
-               out_dir:str|Path,          # steps.jsonl, bench.jsonl, adapter/, model/, grpo.json
+               out_dir:str|Path,          # steps.jsonl, bench.jsonl, rollouts.jsonl, adapter/, model/, grpo.json
                bench_tasks=None,          # Held-out tasks scored (greedy) every `eval_every` steps
                steps:int=20, prompts_per_step:int=2, group_size:int=4,
                lr:float=1e-5, clip_low:float=0.2, clip_high:float=0.28, kl_coef:float=0.0,
@@ -225,6 +225,8 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
         _save_adapter(net, tok, opt, out, {'step': step, **run})          # state first: a kill after it only redoes logging
         if 'bench_mean' in rec: append_jsonl(out/'bench.jsonl', {'step': step, **{k: rec[k] for k in (*BENCH_KEYS, 'bench_reused')}})
         append_jsonl(out/'steps.jsonl', rec)
+        append_jsonl(out/'rollouts.jsonl', {'step': step, 'episodes': [{'group': k // group_size, 'task_id': jobs[k][1].task_id, 'reward': outcome_reward(eps[k].record),
+                                                                 'messages': eps[k].messages} for k in sorted(eps)]})
         log(f"grpo step {step}/{steps}: reward {rec['reward_mean']} (n={len(rewards)}, infra {infra}), trained {len(seqs)} seqs, "
             f"{t_step:.0f} s (sandbox wait {rec['sandbox_wait_share']:.1%})" + (f", bench {rec['bench_mean']}" + (' (reused: no step trained since)' if rec['bench_reused'] else '') if 'bench_mean' in rec else ''))
     save_model(net, tok, out/'model', model, label=f'{rung_label(model)} + GRPO', stage='grpo', steps=steps)
@@ -234,3 +236,46 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                'mean_step_s': round(mean(r['step_s'] for r in rows), 2) if rows else None}
     atomic_write_json(out/'grpo.json', summary)
     return summary
+
+# %% ../../nbs/agents/06_grpo.ipynb #482f276d
+import hashlib, inspect
+from .pipeline import arm_key, arms_root, code_digest
+
+def tasks_digest(tasks:list) -> str:
+    "16 hex digits over the tasks in their order: ids, prompts, grading, rubric, weights, workspace and reward files."
+    h = hashlib.sha256()
+    for t in tasks:
+        h.update(json.dumps([t.task_id, t.prompt, t.category, t.grading_type, t.rubric, t.weights, t.timeout_s], default=str).encode())
+        for kind, files in (('files', t.files), ('reward', t.reward_files)):
+            for name in sorted(files): h.update(f'\0{kind}/{name}\0'.encode() + files[name])
+    return h.hexdigest()[:16]
+
+_ARM_DEFAULTS = {k: p.default for k, p in inspect.signature(grpo_train).parameters.items()   # the settings that decide a run
+                 if p.default is not inspect.Parameter.empty and k not in ('bench_tasks', 'steps', 'eval_every', 'workers', 'advantages', 'log')}
+
+def grpo_arm(model:str,                 # Starting point: an SFT model folder or a rung
+             tasks,                     # Training tasks (a store folder or a list of `Task`), in the order the run draws from
+             bench_tasks,               # Held-out tasks, benchmarked every `eval_every` steps
+             steps:int, eval_every:int,
+             root:str|Path|None=None,   # Arms folder (default `results/.arms`)
+             log=print,
+             **settings) -> dict:       # `grpo_train` settings (lr, group_size, seed, lora_r, temperature, ...; outcome advantages only)
+    "Run `grpo_train` once per (code, start, tasks, benchmark, settings) in `<root>/grpo/<key>`: fewer steps read back, more steps continue."
+    if eval_every < 1 or steps < 1 or steps % eval_every:
+        raise ClawError(f'steps ({steps}) must be a positive multiple of eval_every ({eval_every})', field='eval_every')
+    tasks, bench = as_tasks(tasks, log)[0], as_tasks(bench_tasks, log)[0]
+    unknown = set(settings) - set(_ARM_DEFAULTS) - {'workers'}
+    if unknown: raise ClawError(f"unknown GRPO setting(s) {sorted(unknown)}; the arm takes {sorted(_ARM_DEFAULTS)}", field=sorted(unknown)[0])
+    named = {**_ARM_DEFAULTS, **{k: v for k, v in settings.items() if k != 'workers'}}   # a default given or left out is the same arm
+    named['bf16'] = bf16_default(named['device'], named['bf16'])   # the precision trained in is part of the key
+    inputs = {'code': code_digest(('agents.grpo',)), 'start': model_fingerprint(model), 'tasks': tasks_digest(tasks),
+              'bench': tasks_digest(bench), 'eval_every': eval_every, **named}
+    key = arm_key(kind='grpo', **inputs); folder = arms_root(root)/'grpo'/key
+    state = folder/'adapter'/'state.json'
+    done = json.loads(state.read_text())['step'] if state.is_file() else 0
+    if done < steps:
+        atomic_write_json(folder/'inputs.json', {**inputs, 'model': str(model)})
+        grpo_train(model, tasks, folder, bench_tasks=bench, steps=steps, eval_every=eval_every, log=log, **named, workers=settings.get('workers'))
+    upto = lambda name: [r for r in read_jsonl(folder/name) if r['step'] <= steps]
+    return {'key': key, 'folder': str(folder), 'reused': done >= steps, 'steps_before': done, 'steps': upto('steps.jsonl'),
+            'bench': upto('bench.jsonl'), 'model_dir': str(folder/'model') if max(done, steps) == steps else None}

@@ -40,10 +40,10 @@ def arm_key(**inputs) -> str:
 ARM_ROOTS = ('agents.pipeline', 'agents.sft')   # what an SFT or evaluation arm runs (SFT in a process of its own), with all they import
 
 @functools.cache          # once per process: the source does not change under a running experiment
-def code_digest() -> str:
-    "16 hex digits over the source of the modules an arm runs (`ARM_ROOTS` and their imports): an arm is reused only by the code that built it."
+def code_digest(roots:tuple=ARM_ROOTS) -> str:   # Modules an arm runs (default: SFT and evaluation; GRPO's arms pass ('agents.grpo',))
+    "16 hex digits over the source of the modules `roots` and everything they import: an arm is reused only by the code that built it."
     pkg = Path(importlib.util.find_spec('clawgym_nb').origin).parent
-    files = module_closure(pkg, ARM_ROOTS).values()   # not GRPO, the benchmarks, the online layer, the runner or the CLI
+    files = module_closure(pkg, roots).values()   # for SFT: not GRPO, the benchmarks, the online layer, the runner or the CLI
     return arm_key(**{str(f.relative_to(pkg)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files})
 
 def sft_data_key(rollouts_key:dict, sft_path:str|Path) -> dict:

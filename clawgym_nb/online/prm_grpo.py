@@ -9,7 +9,7 @@ from .judges import judge_turn, message_text
 from .signals import stepwise_advantages, stepwise_reward
 
 # %% auto #0
-__all__ = ['turn_runs', 'turn_next_states', 'episode_step_scores', 'StepwisePRM']
+__all__ = ['turn_runs', 'turn_next_states', 'episode_step_scores', 'StepwisePRM', 'prm_statistics', 'judge_saved_step']
 
 # %% ../../nbs/online/10_prm_grpo.ipynb #0c063cf6
 def turn_runs(mask:list) -> list[tuple[int, int]]:
@@ -68,8 +68,24 @@ class StepwisePRM:
                 for (s0, s1), x in zip(runs, a): tok[s0:s1] = [x] * (s1 - s0)
                 row[i] = tok; finals.append(final)
             out.append(row)
-        sc = [r['score'] for r in judged]
-        return out, {'prm_steps': len(sc), 'prm_mean': round(mean(sc), 4) if sc else None,
-                     'prm_negative_share': round(sum(s < 0 for s in sc) / len(sc), 4) if sc else None,
-                     'prm_unparsable': sum(r['unparsable'] for r in judged), 'prm_failed': sum(r['failed'] for r in judged),
-                     'stepwise_reward_mean': round(mean(finals), 4) if finals else None, 'judge_s': round(time.monotonic() - t0, 3)}
+        return out, prm_statistics(judged, finals, t0)
+
+def prm_statistics(judged:list,          # `judge_turn` results of a step's judged turns
+                   finals:list,          # each episode's step-wise reward (`stepwise_reward`)
+                   t0:float) -> dict:    # when judging began (`time.monotonic()`)
+    "The PRM's columns of a GRPO step's log line."
+    sc = [r['score'] for r in judged]
+    return {'prm_steps': len(sc), 'prm_mean': round(mean(sc), 4) if sc else None,
+            'prm_negative_share': round(sum(s < 0 for s in sc) / len(sc), 4) if sc else None,
+            'prm_unparsable': sum(r['unparsable'] for r in judged), 'prm_failed': sum(r['failed'] for r in judged),
+            'stepwise_reward_mean': round(mean(finals), 4) if finals else None, 'judge_s': round(time.monotonic() - t0, 3)}
+
+def judge_saved_step(judge, episodes:list,   # one line of a run's `rollouts.jsonl`: its `episodes` (reward, messages)
+                     m:int=3, coef:float=1.0) -> dict:
+    "The PRM's statistics of a step that trained on something else (outcome-only GRPO), judged afterwards from its saved transcripts."
+    t0, judged, finals = time.monotonic(), [], []
+    for e in episodes:
+        if e['reward'] is None: continue          # an infrastructure failure left its group
+        res = [r for r in episode_step_scores(judge, e['messages'], m) if r is not None]
+        judged += res; finals.append(stepwise_reward(e['reward'], [r['score'] for r in res], coef))
+    return prm_statistics(judged, finals, t0)
