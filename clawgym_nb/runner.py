@@ -13,7 +13,8 @@ from .core.basics import (ClawError, atomic_write_json, atomic_write_text, git_c
 
 # %% auto #0
 __all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
-           'resolve_parameters', 'notebook_digest', 'run_experiment', 'run_all', 'run_order', 'run_table']
+           'resolve_parameters', 'notebook_digest', 'run_experiment', 'run_all', 'run_order', 'run_table', 'cpu_kind',
+           'run_state']
 
 # %% ../nbs/01_runner.ipynb #5e4d3a66
 def _tagged_cell(nb:dict, tag:str):
@@ -147,6 +148,12 @@ def notebook_digest(nb_path:str|Path) -> str:
 def _digest(params:dict) -> str:
     return hashlib.sha256(json.dumps({k: v for k, v in params.items() if k != 'out_dir'}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+def _state(prev:dict, params:dict, nb_digest:str) -> str:
+    "How a finished run's record stands against today's parameters and notebook code: `make run` skips only a current one."
+    if prev.get('status') != 'complete': return 'unfinished'
+    if prev.get('params_digest') != _digest(params): return 'params changed'
+    return 'current' if prev.get('notebook_digest') == nb_digest else 'notebook changed'
+
 def _now() -> str: return datetime.now(timezone.utc).isoformat(timespec='seconds')
 
 def run_experiment(name:str,                        # Experiment (notebook stem in nbs/experiments)
@@ -165,7 +172,7 @@ def run_experiment(name:str,                        # Experiment (notebook stem 
     done = final/'run.json'
     if done.exists() and not force:
         prev = json.loads(done.read_text())
-        if prev.get('status') == 'complete' and prev.get('params_digest') == _digest(params) and prev.get('notebook_digest') == nb_digest:
+        if _state(prev, params, nb_digest) == 'current':
             log(f'{name}/{variant}: identical finished run in {final} (use --force to re-run)'); return {**prev, 'skipped': True}
     (lay.results/name).mkdir(parents=True, exist_ok=True)
     for stale in (lay.results/name).glob(f'.{variant}.partial-*'): shutil.rmtree(stale, ignore_errors=True)
@@ -262,3 +269,19 @@ def run_table(runs:list, layout:Layout|None=None) -> str:
         how = 'ran' if not r.get('skipped') else 'skipped (unchanged)' if r.get('skipped') is True else 'skipped: missing data'
         lines.append(f"{name} | {var} | {how} | {r.get('wall_s', '')} | {head} | {figs}")
     return '\n'.join(lines)
+
+# %% ../nbs/01_runner.ipynb #009ab5db
+def cpu_kind(machine:dict) -> str:
+    "The CPU feature that decides a run's speed here: AMX, AVX-512 BF16, AVX2 only, or not recorded (runs before the flags were kept)."
+    flags = machine.get('cpu_flags')
+    if flags is None: return 'not recorded'
+    return 'AMX' if any(f.startswith('amx') for f in flags) else 'AVX-512 BF16' if 'avx512_bf16' in flags else 'AVX2 only'
+
+def run_state(name:str, variant:str='default', layout:Layout|None=None) -> dict:
+    "A committed run against today's params and notebook: its state, when it ran, on what CPU, how long it took."
+    lay = layout or Layout(); done = lay.results/name/variant/'run.json'
+    if not done.is_file(): return {'experiment': name, 'variant': variant, 'state': 'not run'}
+    prev = json.loads(done.read_text())
+    _, params, _ = resolve_parameters(name, variant, None, (), lay)
+    return {'experiment': name, 'variant': variant, 'state': _state(prev, params, notebook_digest(lay.notebook(name))),
+            'started': (prev.get('started') or '')[:10], 'cpu': cpu_kind(prev.get('machine') or {}), 'wall_s': prev.get('wall_s')}
