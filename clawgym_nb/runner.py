@@ -12,9 +12,9 @@ from .core.basics import (ClawError, atomic_write_json, atomic_write_text, git_c
                                      project_root, replace_dir, sanitise_outputs, missing_data)
 
 # %% auto #0
-__all__ = ['notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set', 'load_params_file',
-           'resolve_parameters', 'notebook_digest', 'run_experiment', 'run_all', 'run_order', 'run_table', 'cpu_kind',
-           'run_state']
+__all__ = ['CPU_KINDS', 'notebook_parameters', 'notebook_artifacts', 'Layout', 'list_experiments', 'parse_set',
+           'load_params_file', 'resolve_parameters', 'notebook_digest', 'run_experiment', 'run_all', 'run_order',
+           'run_table', 'cpu_kind', 'run_state']
 
 # %% ../nbs/01_runner.ipynb #5e4d3a66
 def _tagged_cell(nb:dict, tag:str):
@@ -271,11 +271,13 @@ def run_table(runs:list, layout:Layout|None=None) -> str:
     return '\n'.join(lines)
 
 # %% ../nbs/01_runner.ipynb #009ab5db
+CPU_KINDS = (('amx_bf16', 'AMX'), ('avx512_bf16', 'AVX-512 BF16'), ('avx512f', 'AVX-512, no BF16'), ('avx2', 'AVX2 only'))   # fastest first
+
 def cpu_kind(machine:dict) -> str:
-    "The CPU feature that decides a run's speed here: AMX, AVX-512 BF16, AVX2 only, or not recorded (runs before the flags were kept)."
+    "The fastest of the run's recorded `core.basics.MATRIX_FLAGS` (`CPU_KINDS`), or not recorded (runs before the flags were kept)."
     flags = machine.get('cpu_flags')
     if flags is None: return 'not recorded'
-    return 'AMX' if any(f.startswith('amx') for f in flags) else 'AVX-512 BF16' if 'avx512_bf16' in flags else 'AVX2 only'
+    return next((kind for flag, kind in CPU_KINDS if flag in flags), 'no AVX2')
 
 def run_state(name:str, variant:str='default', layout:Layout|None=None) -> dict:
     "A committed run against today's params and notebook: its state, when it ran, on what CPU, how long it took."
