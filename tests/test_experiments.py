@@ -178,6 +178,9 @@ def test_openclaw_rl_poisoning_guard_and_shares(smoke_run):
     assert set(fin.arm) == {'start', *m['arms']} and len(fin) == 1 + len(m['arms']) * len(m['seeds'])
     assert fin.honest.between(0, 1).all() and fin[fin.arm == 'start'].version.eq(0).all() and fin[fin.arm != 'start'].version.gt(0).any()
     assert set(m['final_probe_honest']) == set(m['arms']) and 0 <= m['start_probe']['honest'] <= 1
+    ag = m['agreement']                                                              # every arm measured the agreement test
+    assert ag['clean']['adversary_tested'] == 0 and ag['attacked']['adversary_tested'] <= int(upd[upd.arm == 'attacked'].adversary_samples.gt(0).sum())
+    assert all(0 <= v['honest_below_cut'] <= v['honest_tested'] for v in ag.values()) and ag['clean']['honest_tested'] > 0
 
 
 def test_openclaw_rl_personal_serving_latency_against_serving_only(smoke_run):

@@ -6,7 +6,7 @@ import torch
 from clawgym_nb.core.basics import ClawError, read_jsonl
 from clawgym_nb.agents.models import load_model
 from clawgym_nb.agents.student import render_prompt
-from clawgym_nb.online.guard import heldout_floor, heldout_probes, norm_caps, share_batch, user_of
+from clawgym_nb.online.guard import disagreeing, grad_agreement, heldout_floor, heldout_probes, norm_caps, share_batch, user_of
 from clawgym_nb.online.update import OnlineConfig, online_update
 from clawgym_nb.online.trainer import OnlineLoop
 
@@ -77,6 +77,31 @@ def test_grouped_update_is_plain_without_a_cap_and_capped_with_one(tiny_batch):
     assert scaled['saboteur'] == pytest.approx(0.5 * sum(scaled.values()), rel=1e-3)    # the flooding user has half the say, no more
     moved = lambda net: sum(float((p - q).abs().sum()) for p, q in zip(trained(net).values(), trained(fresh()[0]).values()))
     assert 0 < moved(c) < moved(a)
+
+
+def test_grad_agreement_is_a_vote_of_directions():
+    g = lambda *xs: [torch.tensor(xs, dtype=torch.float32)]
+    a = grad_agreement({'u': g(1.0, 0.0), 'v': g(0.0, 1.0), 'w': g(-2.0, 0.0)})
+    assert a['u'] == pytest.approx(-1 / 2 ** 0.5) and a['w'] == pytest.approx(-1 / 2 ** 0.5) and a['v'] is None   # v's others cancel: no reference
+    assert disagreeing(a, 0.0) == ['u', 'w'] and disagreeing(a, -0.9) == [] and disagreeing(a, None) == []
+    with pytest.raises(ClawError, match='min_grad_agreement'): disagreeing(a, 1.5)
+
+
+def test_a_user_against_the_others_is_left_out(tiny_batch):
+    "The saboteur rewards a reply three honest users penalise (on other problems): its gradient is left out, and the update is the honest users' alone."
+    tok, batch, fresh = tiny_batch
+    cfg = OnlineConfig(max_grad_norm=1e9)
+    sab = [dict(s, reward=1) for s in batch if user_of(s) == 'saboteur'][:2]
+    hon = [dict(s, session_id=f"{u}-{k:04d}", reward=-1) for k, (s, u) in enumerate(zip(batch[2:6], ('ta', 'ta', 'teacher', 'student')))]
+    trained = lambda net: [p.detach().clone() for p in net.parameters() if p.requires_grad]
+    a, oa = fresh(); st = online_update(a, tok, oa, sab + hon, cfg, group_of=user_of, min_group_agreement=0.0)
+    pu = st['per_user']
+    assert pu['saboteur']['agreement'] < 0 and all(pu[u]['agreement'] > 0 for u in ('ta', 'teacher', 'student'))
+    assert pu['saboteur']['left_out'] and pu['saboteur']['scale'] == 0 and not pu['ta']['left_out'] and pu['ta']['scale'] == 1.0
+    b, ob = fresh(); online_update(b, tok, ob, [dict(s, reward=0) for s in sab] + hon, cfg)     # the saboteur's samples with no say
+    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(trained(a), trained(b)))
+    c, oc = fresh(); st = online_update(c, tok, oc, sab + hon, cfg, group_of=user_of, min_group_agreement=-1.0)
+    assert not any(v['left_out'] for v in st['per_user'].values()) and st['per_user']['saboteur']['agreement'] == pu['saboteur']['agreement']
 
 
 def test_refused_updates_publish_nothing(tmp_path):

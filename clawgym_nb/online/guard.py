@@ -9,8 +9,8 @@ from ..agents.student import render_prompt
 from .users import ADVERSARIES, SimulatedUser, homework, rate
 
 # %% auto #0
-__all__ = ['HELDOUT_SEED', 'user_of', 'share_batch', 'norm_caps', 'heldout_probes', 'heldout_score', 'heldout_floor', 'snapshot',
-           'restore']
+__all__ = ['HELDOUT_SEED', 'user_of', 'share_batch', 'norm_caps', 'grad_agreement', 'disagreeing', 'heldout_probes',
+           'heldout_score', 'heldout_floor', 'snapshot', 'restore']
 
 # %% ../../nbs/online/05a_guard.ipynb #972a457d
 def user_of(sample:dict|str) -> str:
@@ -47,6 +47,31 @@ def norm_caps(norms:dict,               # user -> norm of that user's gradient
         t = nxt
     if t < 1e-9 * top: t = 0.0                    # one user alone: no say at all
     return {u: (min(1.0, t / n) if n > 0 else 1.0) for u, n in norms.items()}
+
+# %% ../../nbs/online/05a_guard.ipynb #a61c0e2b
+def grad_agreement(grads:dict) -> dict:
+    "user -> cosine of that user's gradient (a list of tensors) with the other users' unit directions summed (None: no other user, or a zero gradient)."
+    users = list(grads)
+    if len(users) < 2: return {u: None for u in users}
+    dot = lambda a, b: float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
+    norms = {u: math.sqrt(dot(g, g)) for u, g in grads.items()}
+    unit = {u: [x.double() / n for x in grads[u]] for u, n in norms.items() if n > 0}
+    votes = [sum(v[i] for v in unit.values()) for i in range(len(grads[users[0]]))] if unit else []
+    out = {}
+    for u in users:
+        if u not in unit: out[u] = None; continue
+        rest = [t - x for t, x in zip(votes, unit[u])]
+        nr = math.sqrt(dot(rest, rest))
+        out[u] = dot(unit[u], rest) / nr if nr > 1e-12 else None
+    return out
+
+def disagreeing(agreement:dict,               # user -> cosine with the others (`grad_agreement`)
+                min_agreement:float|None,     # the cut (None: no test)
+                ) -> list:
+    "The users whose agreement with the other users' gradients is below `min_agreement`, sorted."
+    if min_agreement is None: return []
+    if not -1 <= min_agreement <= 1: raise ClawError(f'min_grad_agreement is a cosine in [-1, 1], not {min_agreement}', field='min_grad_agreement')
+    return sorted(u for u, x in agreement.items() if x is not None and x < min_agreement)
 
 # %% ../../nbs/online/05a_guard.ipynb #1fcd43fe
 HELDOUT_SEED = 10_000     # homework seeds of the probes (sessions use `homework_seed * 100 + k`)

@@ -26,7 +26,7 @@ LOOP_DEFAULTS = {'model': 'small', 'lora_r': 16, 'device': 'cpu', 'engine': 'aut
                  'session_idle_s': 300,  # the proxy finalises a session silent this long (a user who never ends it)
                  'user_sessions': {},  # user -> sessions, where a user has other than sessions_per_user (a flooding adversary)
                  # the poisoning guard (`online/05a_guard`); the defaults leave it off
-                 'max_user_share': 1.0, 'max_grad_share': 1.0, 'heldout_margin': None, 'heldout_users': [], 'heldout_n': 2}
+                 'max_user_share': 1.0, 'min_grad_agreement': None, 'max_grad_share': 1.0, 'heldout_margin': None, 'heldout_users': [], 'heldout_n': 2}
 PARTS = ('serve', 'proxy', 'judge', 'users', 'train')
 
 def loop_config(folder:str|Path, **over) -> dict:

@@ -10,7 +10,7 @@ from ..core.basics import ClawError, append_jsonl, atomic_write_json, read_jsonl
 from ..env.policies import make_policy
 from ..agents.models import load_model
 from .samples import SampleLedger, collect, UNJUDGED
-from .guard import heldout_floor, heldout_probes, heldout_score, restore, share_batch, snapshot, user_of
+from .guard import disagreeing, heldout_floor, heldout_probes, heldout_score, norm_caps, restore, share_batch, snapshot, user_of
 from .users import ADVERSARIES
 from .update import OnlineConfig, online_update
 from .serving import ServedStudent, serve_student, save_adapter, swap_weights
@@ -104,7 +104,8 @@ def train_online(folder:str|Path, log=print) -> dict:
         paused = _post(proxy_url, '/admin/pause', {'wait_s': 60, 'lease_s': cfg['pause_lease_s']})
         if paused: torch.set_num_threads(cfg['update_threads'])      # serving is idle while paused: the update may take its core too
         snap = snapshot(net, opt) if probes is not None else None
-        stats = online_update(net, tok, opt, batch, loss_cfg, group_of=user_of, max_group_share=cfg['max_grad_share'])
+        stats = online_update(net, tok, opt, batch, loss_cfg, group_of=user_of, max_group_share=cfg['max_grad_share'],
+                              min_group_agreement=cfg['min_grad_agreement'])
         row = {**stats, 'users': dict(Counter(user_of(s) for s in batch)), 'versions_trained': sorted({s['version'] for s in batch}),
                'paused': bool(paused), 't_start': t0, 'waited_for_samples_s': round(waited, 3)}
         after = heldout_score(net, tok, probes, cfg['max_tokens']) if probes is not None else None
@@ -168,6 +169,7 @@ class OnlineLoop:
     def __init__(self, folder:str|Path, **settings):
         self.folder = Path(folder); self.cfg = loop_config(self.folder, **settings)
         OnlineConfig(**self.cfg['loss'])                 # bad loss settings are refused here, not in the trainer's log
+        share_batch([], 1, self.cfg['max_user_share']); disagreeing({}, self.cfg['min_grad_agreement']); norm_caps({}, self.cfg['max_grad_share'])   # and bad guard settings
         (self.folder/'logs').mkdir(parents=True, exist_ok=True); (self.folder/'parts').mkdir(exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, asdict
 from ..core.basics import ClawError
 from ..agents.student import render_prompt
 from .signals import with_hint
-from .guard import norm_caps
+from .guard import disagreeing, grad_agreement, norm_caps
 from .opd import topk_opd_loss, rl_token_loss, hybrid_loss, topk_overlap, select_hint, teacher_for, HINT_SELECTIONS
 
 # %% auto #0
@@ -80,27 +80,30 @@ def _grads(params) -> list:
 def online_update(model, tok, optimizer, samples:list, cfg:OnlineConfig,
                   group_of=None,                 # sample -> its user (`online/05a_guard.user_of`); None: one batch gradient
                   max_group_share:float=1.0,     # < 1: each user's gradient is capped at this share of the summed norm
+                  min_group_agreement:float|None=None,   # a user whose gradient's cosine with the others' is below this is left out (-1: measured only)
                   ) -> dict:
-    "One optimizer step over `samples`; statistics of the update (loss, per kind, drift, clip share, grad norm, skipped; per user when capped)."
+    "One optimizer step over `samples`; statistics of the update (loss, per kind, drift, clip share, grad norm, skipped; per user when guarded)."
     import torch
     model.train(); optimizer.zero_grad(set_to_none=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    capped = group_of is not None and max_group_share < 1
+    apart = group_of is not None and (max_group_share < 1 or min_group_agreement is not None)   # per-user gradients kept apart
     groups = {}
-    for s in samples: groups.setdefault(group_of(s) if capped else None, []).append(s)
+    for s in samples: groups.setdefault(group_of(s) if apart else None, []).append(s)
     rows, n, grads = [], len(samples), {}
     for g, members in groups.items():
         for s in members:
             r = sample_loss(model, tok, s, cfg)
             if r['loss'] is not None: (r['loss'] / n).backward(); r['loss'] = r['loss'].detach().item()
             rows.append(r)
-        if capped: grads[g] = _grads(params)          # this user's gradient, kept aside
+        if apart: grads[g] = _grads(params)          # this user's gradient, kept aside
     per_user = None
-    if capped:
+    if apart:
         norms = {g: float(torch.sqrt(sum((x.float() ** 2).sum() for x in gs))) for g, gs in grads.items()}
-        scale = norm_caps(norms, max_group_share)
+        agree = grad_agreement(grads); out = disagreeing(agree, min_group_agreement)     # left out before the caps share the rest
+        scale = {**norm_caps({g: x for g, x in norms.items() if g not in out}, max_group_share), **{g: 0.0 for g in out}}
         for i, p in enumerate(params): p.grad = sum(scale[g] * grads[g][i] for g in grads)
-        per_user = {g: {'samples': len(groups[g]), 'grad_norm': round(norms[g], 5), 'scale': round(scale[g], 5)} for g in groups}
+        per_user = {g: {'samples': len(groups[g]), 'grad_norm': round(norms[g], 5), 'agreement': None if agree[g] is None else round(agree[g], 5),
+                        'left_out': g in out, 'scale': round(scale[g], 5)} for g in groups}
     trained = [r for r in rows if r['loss'] is not None]
     norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)) if trained else 0.0
     if trained: optimizer.step()
