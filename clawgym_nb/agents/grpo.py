@@ -13,10 +13,11 @@ from ..env.agent import run_episode
 from .student import Generator, StudentPolicy
 from .sft import save_model
 from .models import model_fingerprint, load_model, rung_label
+from .pipeline import arm_key, arms_root, code_digest, tasks_digest
 
 # %% auto #0
 __all__ = ['BENCH_KEYS', 'group_advantages', 'outcome_reward', 'clipped_surrogate', 'token_advantages', 'grpo_loss',
-           'outcome_advantages', 'grpo_train', 'tasks_digest', 'grpo_arm']
+           'outcome_advantages', 'grpo_train', 'grpo_arm']
 
 # %% ../../nbs/agents/06_grpo.ipynb #67cbbbeb
 def group_advantages(rewards:list,          # Rewards of one group; None = the episode failed for infrastructure reasons
@@ -104,6 +105,14 @@ def _bench_unchanged(out:Path, rec:dict) -> dict|None:
     since = [r for r in read_jsonl(out/'steps.jsonl') if r['step'] > played[-1]['step']] + [rec]
     return played[-1] if all(r['trained_sequences'] == 0 for r in since) else None
 
+def _start_bench(root, inputs:dict, play) -> dict:
+    "The step-0 benchmark row: read back from `<root>/start_bench/<key of inputs>.json`, or `play()`ed (and kept there when `root` is given)."
+    f = Path(root)/'start_bench'/f"{arm_key(kind='start_bench', **inputs)}.json" if root is not None else None
+    if f is not None and f.is_file(): return {**json.loads(f.read_text()), 'bench_reused': True}
+    row = {k: v for k, v in play().items() if k in BENCH_KEYS}
+    if f is not None: atomic_write_json(f, row)
+    return {**row, 'bench_reused': False}
+
 def _save_adapter(model, tok, opt, out:Path, state:dict):
     "The LoRA adapter (or, for a full fine-tune, the whole model) with the optimizer and the step, swapped in atomically."
     import torch
@@ -173,6 +182,7 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                weights:str|None=None,     # The packed engine's weight format (default: `CPU_WEIGHTS`)
                max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
                advantages=outcome_advantages,   # groups of (policy, episode) -> (advantages: a number or one per token, or None; step statistics)
+               start_bench_root:str|Path|None=None,   # where the starting weights' benchmark is shared between runs (None: played in every run)
                log=print) -> dict:
     "GRPO with the code verifier's outcome reward (or the advantages `advantages` makes), one sandbox per rollout; resumable; logs per step."
     import torch
@@ -193,7 +203,10 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
                start_model=start, advantage=getattr(advantages, '__name__', type(advantages).__name__))
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
-        net.eval(); append_jsonl(out/'bench.jsonl', {'step': 0, **_bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s), 'bench_reused': False})
+        net.eval()
+        decides = dict(code=code_digest(('agents.grpo',)), start=start, bench=tasks_digest(bench), engine=engine, weights=weights, device=device, bf16=bf16,
+                       lora_r=lora_r, provider=provider, max_turns=max_turns, max_new_tokens=max_new_tokens, max_context=max_context, max_wall_s=max_wall_s)
+        append_jsonl(out/'bench.jsonl', {'step': 0, **_start_bench(start_bench_root, decides, lambda: _bench(gen, bench, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s))})
     if state['step']: log(f"grpo: resuming after step {state['step']}")
     order = list(range(len(tasks)))
     for step in range(state['step'] + 1, steps + 1):
@@ -238,20 +251,10 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     return summary
 
 # %% ../../nbs/agents/06_grpo.ipynb #482f276d
-import hashlib, inspect
-from .pipeline import arm_key, arms_root, code_digest
-
-def tasks_digest(tasks:list) -> str:
-    "16 hex digits over the tasks in their order: ids, prompts, grading, rubric, weights, workspace and reward files."
-    h = hashlib.sha256()
-    for t in tasks:
-        h.update(json.dumps([t.task_id, t.prompt, t.category, t.grading_type, t.rubric, t.weights, t.timeout_s], default=str).encode())
-        for kind, files in (('files', t.files), ('reward', t.reward_files)):
-            for name in sorted(files): h.update(f'\0{kind}/{name}\0'.encode() + files[name])
-    return h.hexdigest()[:16]
+import inspect
 
 _ARM_DEFAULTS = {k: p.default for k, p in inspect.signature(grpo_train).parameters.items()   # the settings that decide a run
-                 if p.default is not inspect.Parameter.empty and k not in ('bench_tasks', 'steps', 'eval_every', 'workers', 'advantages', 'log')}
+                 if p.default is not inspect.Parameter.empty and k not in ('bench_tasks', 'steps', 'eval_every', 'workers', 'advantages', 'start_bench_root', 'log')}
 
 def grpo_arm(model:str,                 # Starting point: an SFT model folder or a rung
              tasks,                     # Training tasks (a store folder or a list of `Task`), in the order the run draws from
@@ -275,7 +278,8 @@ def grpo_arm(model:str,                 # Starting point: an SFT model folder or
     done = json.loads(state.read_text())['step'] if state.is_file() else 0
     if done < steps:
         atomic_write_json(folder/'inputs.json', {**inputs, 'model': str(model)})
-        grpo_train(model, tasks, folder, bench_tasks=bench, steps=steps, eval_every=eval_every, log=log, **named, workers=settings.get('workers'))
+        grpo_train(model, tasks, folder, bench_tasks=bench, steps=steps, eval_every=eval_every, log=log, **named, workers=settings.get('workers'),
+                   start_bench_root=arms_root(root))
     upto = lambda name: [r for r in read_jsonl(folder/name) if r['step'] <= steps]
     return {'key': key, 'folder': str(folder), 'reused': done >= steps, 'steps_before': done, 'steps': upto('steps.jsonl'),
             'bench': upto('bench.jsonl'), 'model_dir': str(folder/'model') if max(done, steps) == steps else None}

@@ -14,8 +14,8 @@ from .teachers import rollouts
 from .filtering import load_trajectories, threshold_sweep, write_sft_dataset
 
 # %% auto #0
-__all__ = ['ARM_ROOTS', 'content_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root', 'task_pools', 'teacher_data',
-           'episode_behaviour', 'sft_arm', 'eval_arm', 'rl_task_pool']
+__all__ = ['ARM_ROOTS', 'content_digest', 'tasks_digest', 'bench_digest', 'arm_key', 'code_digest', 'sft_data_key', 'arms_root',
+           'task_pools', 'teacher_data', 'episode_behaviour', 'sft_arm', 'eval_arm', 'rl_task_pool']
 
 # %% ../../nbs/agents/07_pipeline.ipynb #b576e497
 # Keys of what an artifact was made from (used by `teacher_data` and the shared arms below)
@@ -32,6 +32,21 @@ def content_digest(path:str|Path,
     h = hashlib.sha256()
     for f in files: h.update(f'{f.relative_to(p) if f != p else f.name}\0'.encode() + f.read_bytes() + b'\0')
     return h.hexdigest()
+
+def tasks_digest(tasks:list) -> str:
+    "16 hex digits over the tasks in their order: ids, prompts, grading, rubric, weights, limits, metadata, workspace and reward files (not where they were read from)."
+    h = hashlib.sha256()
+    for t in tasks:
+        h.update(json.dumps([t.task_id, t.prompt, t.category, t.grading_type, t.rubric, t.weights, t.timeout_s, t.metadata], sort_keys=True, default=str).encode())
+        for kind, files in (('files', t.files), ('reward', t.reward_files)):
+            for name in sorted(files): h.update(f'\0{kind}/{name}\0'.encode() + files[name])
+    return h.hexdigest()[:16]
+
+def bench_digest(bench_dir:str|Path) -> str:
+    "A benchmark folder's content key: its tasks by id and the names of folders that did not load (a copy elsewhere, which records where it came from, has the same key)."
+    errors = []
+    tasks = load_tasks(bench_dir, errors=errors)
+    return arm_key(tasks=tasks_digest(sorted(tasks, key=lambda t: t.task_id)), unloadable=sorted(Path(f).name for f, _ in errors))
 
 def arm_key(**inputs) -> str:
     "16 hex digits of the sha256 of the inputs as sorted JSON."
@@ -162,9 +177,9 @@ def eval_arm(bench_dir:str|Path,       # Benchmark task store
              root:str|Path|None=None,
              workers:int=1,            # Episodes in parallel (speed only: not part of the key)
              **kw) -> dict:            # `evaluate` settings that decide scores (provider, max_turns, max_wall_s, ...)
-    "Play `policy` once per (code, benchmark bytes, policy, settings) into `<root>/eval/<key>`: mean, solved share, errors, times."
+    "Play `policy` once per (code, benchmark tasks, policy, settings) into `<root>/eval/<key>`: mean, solved share, errors, times."
     judge = kw.get('judge'); named = {**kw, 'judge': f'{judge.model}@{judge.base_url}'} if judge is not None else kw   # a judge by its model and endpoint
-    key = arm_key(kind='eval', code=code_digest(), bench=content_digest(bench_dir), policy=policy, **named)
+    key = arm_key(kind='eval', code=code_digest(), bench=bench_digest(bench_dir), policy=policy, **named)
     out = arms_root(root)/'eval'/key; done = out/'arm.json'
     if done.is_file(): return {**json.loads(done.read_text()), 'reused': True}
     atomic_write_json(out/'inputs.json', {'bench': str(bench_dir), 'policy': policy, **named})
