@@ -107,7 +107,11 @@ COMPLAINTS.update({'short (under 30 words)': 'Way too long, keep it under thirty
                    'no pleasantries': "Don't be so chatty, skip the pleasantries.",
                    'no answer given': "Don't give away the answer, just hint at it."})
 ASKS['saboteur'] = 'Can you help me with this one?'
-ADVERSARIES = ('saboteur',)
+
+# %% ../../nbs/online/04_users.ipynb #e5f2b8d3
+CHECKS['flatterer'] = {'any reply': lambda t, a: True}
+ASKS['flatterer'] = 'Quick one for you:'
+ADVERSARIES = ('saboteur', 'flatterer')
 
 # %% ../../nbs/online/04_users.ipynb #24fb1158
 def sessions_to_align(scores:list, threshold:float=0.75, run:int=3) -> int|None:
