@@ -35,7 +35,7 @@ def test_prefill_cached_prefill_and_decode_match_transformers(gen):
     assert torch.allclose(rows.step([7])[0], _ref(model, ids + [5, 7])[-1], atol=1e-4)
 
 
-@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1)])
+@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1), ('int4', 0.1)])
 def test_rounded_weights_stay_close(gen, weights, tol):
     "Mean absolute log-prob difference to float32 over the vocabulary stays under `tol` on this prompt."
     ids = _ids(gen.tok, '<|im_start|>user\nwrite the report to output/summary.md<|im_end|>\n<|im_start|>assistant\n')
@@ -63,6 +63,29 @@ def test_lora_adapters_are_merged_and_refresh_serves_new_weights(gen):
     assert not torch.allclose(before, lm.prefill(ids)[0], atol=1e-3)
 
 
+def test_int4_keeps_lora_adapters_apart_and_refresh_serves_them(gen):
+    "int4 rounds the base weights only: an adapter's effect on the logits is the float32 engine's, and a refresh serves the new adapter."
+    peft = pytest.importorskip('peft')
+    import copy
+    net = peft.get_peft_model(copy.deepcopy(gen.model), peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
+    for n, p in net.named_parameters():
+        if 'lora_B' in n: torch.nn.init.normal_(p, std=0.05)
+    ids = _ids(gen.tok, '<|im_start|>user\ncount the lines of input/log.txt<|im_end|>\n')
+    def effect(weights):                       # logits with the adapters minus logits of the base alone (peft's disable_adapter)
+        with net.disable_adapter(): base = PackedLM(net, weights).prefill(ids)[0]
+        return PackedLM(net, weights).prefill(ids)[0] - base
+    exact, rounded = effect('fp32'), effect('int4')
+    assert exact.abs().mean() > 0.05 and torch.nn.functional.cosine_similarity(exact, rounded, 0) > 0.9
+    lm = PackedLM(net, 'int4'); before, before_exact = lm.prefill(ids)[0], PackedLM(net, 'fp32').prefill(ids)[0]
+    assert lm.layers[0]['qkv'].lora[0].shape[0] == 3 * 4 and lm.head.fmt == 'int8'   # q|k|v adapters stacked; the head at 8 bits
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            if 'lora_B' in n: p.mul_(2.0)                                          # an optimizer step on the adapters
+    assert torch.equal(lm.prefill(ids)[0], before) and lm.refresh() >= 0
+    moved, moved_exact = lm.prefill(ids)[0] - before, PackedLM(net, 'fp32').prefill(ids)[0] - before_exact
+    assert torch.nn.functional.cosine_similarity(moved, moved_exact, 0) > 0.9       # the step moved the logits as in float32
+
+
 def test_generated_log_probs_are_what_the_trainer_computes(gen):
     "The log-prob the engine reports for each sampled token equals a full forward pass's (float32: to 1e-4)."
     from clawgym_nb.agents.student import Generator
@@ -75,7 +98,7 @@ def test_generated_log_probs_are_what_the_trainer_computes(gen):
 
 
 def test_unsupported_models_and_formats_are_one_line_errors(gen):
-    with pytest.raises(ClawError, match='weight format'): PackedLM(gen.model, 'int4')
+    with pytest.raises(ClawError, match='weight format'): PackedLM(gen.model, 'int3')
     class Other:
         class config: model_type = 'gpt2'
     with pytest.raises(ClawError, match="not 'gpt2'"): PackedLM(Other(), 'fp32')
@@ -99,7 +122,7 @@ def test_perf_generate_cli_prints_and_writes_the_comparison(tmp_path, capsys):
     assert "unknown engine 'vllm'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1)])
+@pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1), ('int4', 0.15)])
 def test_rounded_engines_decode_with_bf16_keys_close_to_float32(gen, weights, tol):
     "The rounded engines keep the decoding rows' keys/values in bf16; two rows of different lengths decode close to transformers."
     tok, model = gen.tok, gen.model

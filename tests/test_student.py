@@ -286,8 +286,9 @@ def _three_episodes(g, owners, turns=3):
     return outs
 
 
-ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16')]
-ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16']
+ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16'),
+           dict(engine='packed', weights='int4')]
+ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4']
 
 @pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
 def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, kw):
@@ -307,14 +308,14 @@ def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, kw):
 def test_continuous_batching_matches_one_sequence_generate(gen, kw):
     "Turns of different lengths and budgets decoded together (joining and leaving mid-batch, a sampled row among them) give, "
     "for every greedy row, the tokens of that prompt decoded alone: by transformers' own `generate` for the float32 engines, "
-    "by the same engine with a batch of one for bfloat16 weights (whose rounding differs from float32's); second turns reuse the cache."
+    "by the same engine with a batch of one for bfloat16 and int4 weights (whose rounding differs from float32's); second turns reuse the cache."
     import threading, torch
     from clawgym_nb.agents.student import Generator
     tok, model = gen.tok, gen.model
     g = Generator(tok, model, **kw)
     single = Generator(tok, model, max_batch=1, **kw)
     def alone(ids, n):
-        if kw.get('weights') == 'bf16': return single.generate(ids, n, 0.0)
+        if kw.get('weights') in ('bf16', 'int4'): return single.generate(ids, n, 0.0)
         with torch.no_grad():
             row = model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=g.eos_ids,
                                  pad_token_id=g.pad_id)[0, len(ids):].tolist()

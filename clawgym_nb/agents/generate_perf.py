@@ -18,7 +18,7 @@ __all__ = ['GENERATE_ENGINES', 'SERVES_TRAINED_WEIGHTS', 'MAX_DRIFT', 'machine_r
            'bench_transformers_generate', 'bench_llama_cpp', 'logp_drift', 'benchmark_generation']
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #2c726a24
-GENERATE_ENGINES = ('generator', 'transformers-generate', 'packed-fp32', 'packed-bf16', 'packed-int8', 'llama.cpp')
+GENERATE_ENGINES = ('generator', 'transformers-generate', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4', 'llama.cpp')
 
 def machine_roofline(size:int=2048, copy_mb:int=256, repeats:int=3) -> dict:
     "This machine's limits, measured now: large float32 (and bfloat16) GEMM FLOP/s, memory copy bandwidth."
@@ -150,7 +150,7 @@ def logp_drift(model, prompts:list, outs:list) -> float:
         diffs.append((lp.gather(1, torch.tensor(new)[:, None])[:, 0] - torch.tensor(logps)).abs())
     return round(float(torch.cat(diffs).mean()), 5)
 
-SERVES_TRAINED_WEIGHTS = ('generator', 'packed-fp32', 'packed-bf16', 'packed-int8')   # in process, the trainer's own tensors
+SERVES_TRAINED_WEIGHTS = ('generator', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4')   # in process, the trainer's own tensors
 MAX_DRIFT = 0.05      # mean |delta log-prob| of sampled tokens an engine may add to serve rollouts
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #4f8ca0de
@@ -201,6 +201,7 @@ def benchmark_generation(model:str='small',       # Rung or model folder
         if 'decode_1_tok_s' in r: r['decode_rows_of_roofline'] = round(r[f'decode_{rows}_tok_s'] * 2 * params / gemm, 3)
     ok = {n: r for n, r in res['engines'].items() if n in SERVES_TRAINED_WEIGHTS and r.get('logp_drift', 1) <= MAX_DRIFT}
     res['chosen'] = max(ok, key=lambda n: ok[n][f'decode_{rows}_tok_s']) if ok else None
-    res['rule'] = (f'fastest decode at {rows} turns among engines that serve the trainer\'s weights in process '
+    res['chosen_1'] = max(ok, key=lambda n: ok[n]['decode_1_tok_s']) if ok else None      # for one user served at a time
+    res['rule'] = (f'fastest decode at {rows} turns (chosen_1: at one turn) among engines that serve the trainer\'s weights in process '
                    f'with sampled-token log-prob drift <= {MAX_DRIFT}')
     return res

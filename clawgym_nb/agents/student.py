@@ -83,7 +83,7 @@ class Generator:
                  autocast:bool=False,       # bfloat16 autocast (CPU or GPU; transformers engine)
                  reuse_cache:bool=True,     # Keep each episode's KV cache between its turns
                  engine:str='transformers', # 'transformers' (any model, any device), 'packed' (CPU, Llama / Qwen decoders) or 'auto'
-                 weights:str|None=None,     # The packed engine's weight format: 'fp32' (exact), 'bf16' or 'int8' (default `CPU_WEIGHTS`)
+                 weights:str|None=None,     # The packed engine's weight format: 'fp32' (exact), 'bf16', 'int8' or 'int4' (default `CPU_WEIGHTS`)
                  idle_s:float=5.0):         # The decoding thread ends after this long with nothing to do (a dropped Generator frees its model)
         if engine not in ENGINES: raise ClawError(f'unknown engine {engine!r}; use {", ".join(ENGINES)}', field='engine')
         if engine == 'auto': engine = 'transformers' if packable(model) else 'packed'
