@@ -2,13 +2,23 @@
 import pytest
 torch = pytest.importorskip('torch')
 from clawgym_nb.core.basics import ClawError
-from clawgym_nb.agents.engine import PackedLM, DecodeRows
+from clawgym_nb.agents.engine import PackedLM, DecodeRows, snap_to_int4_grid
 from clawgym_nb.agents.student import shared_generator
 
 
 @pytest.fixture(scope='module')
 def gen():
     return shared_generator('tiny', 'cpu')
+
+
+@pytest.fixture(scope='module')
+def on_grid(gen):
+    "The tiny rung with its layer weights rounded to int4's levels (the form int4 serves: a Q4 GGUF model is born so)."
+    import copy
+    m = copy.deepcopy(gen.model); snap_to_int4_grid(m); return m
+
+
+def _model(gen, on_grid, weights): return on_grid if weights == 'int4' else gen.model
 
 
 def _ids(tok, text): return tok(text, add_special_tokens=False)['input_ids']
@@ -36,11 +46,12 @@ def test_prefill_cached_prefill_and_decode_match_transformers(gen):
 
 
 @pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1), ('int4', 0.1)])
-def test_rounded_weights_stay_close(gen, weights, tol):
+def test_rounded_weights_stay_close(gen, on_grid, weights, tol):
     "Mean absolute log-prob difference to float32 over the vocabulary stays under `tol` on this prompt."
     ids = _ids(gen.tok, '<|im_start|>user\nwrite the report to output/summary.md<|im_end|>\n<|im_start|>assistant\n')
-    ref = torch.log_softmax(_ref(gen.model, ids)[-1], -1)
-    got = torch.log_softmax(PackedLM(gen.model, weights).prefill(ids)[0], -1)
+    model = _model(gen, on_grid, weights)
+    ref = torch.log_softmax(_ref(model, ids)[-1], -1)
+    got = torch.log_softmax(PackedLM(model, weights).prefill(ids)[0], -1)
     assert 0 < (got - ref).abs().mean() < tol
 
 
@@ -63,11 +74,22 @@ def test_lora_adapters_are_merged_and_refresh_serves_new_weights(gen):
     assert not torch.allclose(before, lm.prefill(ids)[0], atol=1e-3)
 
 
-def test_int4_keeps_lora_adapters_apart_and_refresh_serves_them(gen):
+def test_int4_refuses_weights_off_its_grid(gen, on_grid):
+    "int4 would round a model off its grid into another one (a full fine-tune back toward its start): a one-line error naming the product."
+    with pytest.raises(ClawError, match=r'layer 0 q\|k\|v lies up to 0\.\d+ steps off') as e: PackedLM(gen.model, 'int4')
+    assert e.value.field == 'weights' and '\n' not in str(e.value)
+    import copy
+    tuned = copy.deepcopy(on_grid)
+    with torch.no_grad(): tuned.model.layers[1].mlp.down_proj.weight.add_(1e-4 * torch.randn_like(tuned.model.layers[1].mlp.down_proj.weight))
+    with pytest.raises(ClawError, match='layer 1 down'): PackedLM(tuned, 'int4')          # a small full fine-tuning step is enough
+    assert PackedLM(on_grid, 'int4').layers[1]['down'].off_grid < 1e-3
+
+
+def test_int4_keeps_lora_adapters_apart_and_refresh_serves_them(gen, on_grid):
     "int4 rounds the base weights only: an adapter's effect on the logits is the float32 engine's, and a refresh serves the new adapter."
     peft = pytest.importorskip('peft')
     import copy
-    net = peft.get_peft_model(copy.deepcopy(gen.model), peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
+    net = peft.get_peft_model(copy.deepcopy(on_grid), peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
     for n, p in net.named_parameters():
         if 'lora_B' in n: torch.nn.init.normal_(p, std=0.05)
     ids = _ids(gen.tok, '<|im_start|>user\ncount the lines of input/log.txt<|im_end|>\n')
@@ -123,9 +145,9 @@ def test_perf_generate_cli_prints_and_writes_the_comparison(tmp_path, capsys):
 
 
 @pytest.mark.parametrize('weights,tol', [('bf16', 0.05), ('int8', 0.1), ('int4', 0.15)])
-def test_rounded_engines_decode_with_bf16_keys_close_to_float32(gen, weights, tol):
+def test_rounded_engines_decode_with_bf16_keys_close_to_float32(gen, on_grid, weights, tol):
     "The rounded engines keep the decoding rows' keys/values in bf16; two rows of different lengths decode close to transformers."
-    tok, model = gen.tok, gen.model
+    tok, model = gen.tok, _model(gen, on_grid, weights)
     ids = _ids(tok, '<|im_start|>user\nsort the rows of input/table.csv by date<|im_end|>\n<|im_start|>assistant\n')
     lm = PackedLM(model, weights); rows = DecodeRows(lm, rows=2, length=8)
     rows.add(lm.prefill(ids[:6])[1]); rows.add(lm.prefill(ids)[1])

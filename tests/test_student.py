@@ -286,15 +286,24 @@ def _three_episodes(g, owners, turns=3):
     return outs
 
 
+@pytest.fixture(scope='module')
+def on_grid(gen):
+    "The tiny rung on int4's levels (`snap_to_int4_grid`): the packed int4 engine serves only such weights."
+    import copy
+    from clawgym_nb.agents.engine import snap_to_int4_grid
+    m = copy.deepcopy(gen.model); snap_to_int4_grid(m); return m
+
+
 ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16'),
            dict(engine='packed', weights='int4')]
 ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4']
 
 @pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
-def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, kw):
+def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, on_grid, kw):
     from clawgym_nb.agents.student import Generator
     class Owner: pass
-    cold, warm = Generator(gen.tok, gen.model, reuse_cache=False, **kw), Generator(gen.tok, gen.model, reuse_cache=True, **kw)
+    model = on_grid if kw.get('weights') == 'int4' else gen.model
+    cold, warm = Generator(gen.tok, model, reuse_cache=False, **kw), Generator(gen.tok, model, reuse_cache=True, **kw)
     owners = [Owner() for _ in range(3)]
     assert _three_episodes(cold, [Owner() for _ in range(3)]) == _three_episodes(warm, owners)
     assert warm.tokens_prefilled < cold.tokens_prefilled / 2
@@ -305,13 +314,13 @@ def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, kw):
 
 
 @pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
-def test_continuous_batching_matches_one_sequence_generate(gen, kw):
+def test_continuous_batching_matches_one_sequence_generate(gen, on_grid, kw):
     "Turns of different lengths and budgets decoded together (joining and leaving mid-batch, a sampled row among them) give, "
     "for every greedy row, the tokens of that prompt decoded alone: by transformers' own `generate` for the float32 engines, "
     "by the same engine with a batch of one for bfloat16 and int4 weights (whose rounding differs from float32's); second turns reuse the cache."
     import threading, torch
     from clawgym_nb.agents.student import Generator
-    tok, model = gen.tok, gen.model
+    tok, model = gen.tok, on_grid if kw.get('weights') == 'int4' else gen.model
     g = Generator(tok, model, **kw)
     single = Generator(tok, model, max_batch=1, **kw)
     def alone(ids, n):

@@ -8,12 +8,14 @@ import time
 from ..core.basics import ClawError
 
 # %% auto #0
-__all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'packable', 'PackedLinear', 'PackedLM', 'DecodeRows']
+__all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'INT4_OFF_GRID', 'packable', 'int4_grid', 'snap_to_int4_grid',
+           'PackedLinear', 'PackedLM', 'DecodeRows']
 
 # %% ../../nbs/agents/03b_engine.ipynb #283a858a
 ENGINE_ARCHS = ('llama', 'qwen2', 'qwen3')    # decoder families whose layers `PackedLM` knows
 WEIGHT_FORMATS = ('fp32', 'bf16', 'int8', 'int4')
 INT4_GROUP = 32     # int4: one scale and offset per 32 input weights of a row (the block of llama.cpp's Q4_1)
+INT4_OFF_GRID = 0.02   # int4 packs only weights this close (in steps) to its 16 levels: farther, rounding would serve another model
 
 def _weight(mod):
     "The weight a linear module applies now: a LoRA-wrapped module's base weight plus its active adapters' deltas."
@@ -53,16 +55,32 @@ def _onednn_packed(w):
     try: return torch.ops.mkldnn._reorder_linear_weight(w, 16)
     except (AttributeError, RuntimeError): return None
 
-def _int4_packed(w, group:int=INT4_GROUP):
-    "`w` [out, in] rounded to 16 levels per `group` inputs of a row (its own minimum and step), packed for `_weight_int4pack_mm_for_cpu`."
+def int4_grid(w, group:int=INT4_GROUP) -> tuple:
+    "`w` [out, in] on 16 levels per `group` inputs of a row (from its minimum in even steps): (levels, step, minimum, farthest weight from its level, in steps)."
     import torch
     N, K = w.shape
     if K % group: raise ClawError(f'int4 weights need input sizes divisible by {group}, got {K}', field='weights')
-    g = w.float().view(N, K // group, group)
+    g = w.detach().float().view(N, K // group, group)
     lo = g.amin(-1); step = ((g.amax(-1) - lo) / 15).clamp(min=1e-12)
-    q = ((g - lo[..., None]) / step[..., None]).round().clamp(0, 15).to(torch.int32).view(N, K)
+    at = (g - lo[..., None]) / step[..., None]; q = at.round().clamp(0, 15)
+    return q.to(torch.int32).view(N, K), step, lo, float((at - q).abs().max())
+
+def _int4_packed(w):
+    "`w` packed for `_weight_int4pack_mm_for_cpu`: (packed levels, bf16 step and offset per group, how far off the grid `w` was)."
+    import torch
+    q, step, lo, off = int4_grid(w)
     scales_zeros = torch.stack([step.t(), (lo + 8 * step).t()], -1).to(torch.bfloat16).contiguous()   # the kernel computes (q - 8) * step + zero
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), scales_zeros
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), scales_zeros, off
+
+def snap_to_int4_grid(model) -> int:
+    "Round the decoder layers' product weights of `model` in place to int4's levels (a model int4 can serve; train it after); how many."
+    import torch
+    mods = [getattr(m, 'base_layer', m) for n, m in model.named_modules() if '.layers.' in n and isinstance(getattr(m, 'base_layer', m), torch.nn.Linear)]
+    with torch.no_grad():
+        for m in set(mods):
+            q, step, lo, _ = int4_grid(m.weight)
+            m.weight.copy_((q.view(step.shape[0], step.shape[1], -1) * step[..., None] + lo[..., None]).view_as(m.weight))
+    return len(set(mods))
 
 class PackedLinear:
     "`x @ W.T + b` with W stored as fp32 (transposed), bf16 (oneDNN's layout), int8 (a scale per output channel) or int4 (per 32 inputs); float32 in and out."
@@ -71,7 +89,7 @@ class PackedLinear:
         import torch
         self.fmt, self.b, self.lora, w = fmt, b, lora, w.float()
         if fmt == 'fp32': self.w = w.t().contiguous()
-        elif fmt == 'int4': self.w, self.sz = _int4_packed(w)
+        elif fmt == 'int4': self.w, self.sz, self.off_grid = _int4_packed(w)
         elif fmt == 'bf16':
             w = w.to(torch.bfloat16).contiguous()
             self.onednn = _onednn_packed(w)
@@ -152,7 +170,7 @@ def _head_norms(attn, H:int, Hkv:int):
     if q is None: return None
     return torch.cat([_norm(q).expand(H, -1), _norm(k).expand(Hkv, -1)])
 
-def _packed(mods:list, fmt:str):
+def _packed(mods:list, fmt:str, name:str=''):
     "One product for the linear modules `mods` side by side (q|k|v, gate|up): their weights and biases stacked; int4 keeps LoRA adapters apart."
     import torch
     b = [_bias(p) for p in mods]
@@ -163,7 +181,11 @@ def _packed(mods:list, fmt:str):
     lora = None if not any(loras) else (
         torch.cat([l[0] if l else torch.zeros(0, w.shape[1]) for l, w in zip(loras, base)]),
         torch.block_diag(*[l[1] if l else torch.zeros(w.shape[0], 0) for l, w in zip(loras, base)]))
-    return PackedLinear(torch.cat(base), b, fmt, lora=lora)
+    lin = PackedLinear(torch.cat(base), b, fmt, lora=lora)
+    if lin.off_grid > INT4_OFF_GRID:      # e.g. a full fine-tune: its changes are smaller than a step and would round away
+        raise ClawError(f'int4 serves weights on its 4-bit grid (a Q4 GGUF model, LoRA adapters beside it); {name} lies up to {lin.off_grid:.2f} '
+                        'steps off, so int4 would serve another model than the trainer holds: use bf16, or snap_to_int4_grid(model) before training', field='weights')
+    return lin
 
 class PackedLM(_Forward):
     "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16`, `int8` or `int4`."
@@ -198,8 +220,8 @@ class PackedLM(_Forward):
                 self.layers.append(dict(
                     ln1=_norm(l.input_layernorm), ln2=_norm(l.post_attention_layernorm),
                     qk_norm=_head_norms(a, self.H, self.Hkv),
-                    qkv=_packed([a.q_proj, a.k_proj, a.v_proj], f), o=_packed([a.o_proj], f),
-                    gate_up=_packed([m.gate_proj, m.up_proj], f), down=_packed([m.down_proj], f)))
+                    qkv=_packed([a.q_proj, a.k_proj, a.v_proj], f, f'layer {len(self.layers)} q|k|v'), o=_packed([a.o_proj], f, f'layer {len(self.layers)} o'),
+                    gate_up=_packed([m.gate_proj, m.up_proj], f, f'layer {len(self.layers)} gate|up'), down=_packed([m.down_proj], f, f'layer {len(self.layers)} down')))
         self.refresh_s = time.monotonic() - t0
         return self.refresh_s
 
