@@ -83,6 +83,11 @@ def test_int4_refuses_weights_off_its_grid(gen, on_grid):
     with torch.no_grad(): tuned.model.layers[1].mlp.down_proj.weight.add_(1e-4 * torch.randn_like(tuned.model.layers[1].mlp.down_proj.weight))
     with pytest.raises(ClawError, match='layer 1 down'): PackedLM(tuned, 'int4')          # a small full fine-tuning step is enough
     assert PackedLM(on_grid, 'int4').layers[1]['down'].off_grid < 1e-3
+    peft = pytest.importorskip('peft')                                             # a LoRA model: its base weights snap, its adapters do not
+    net = peft.get_peft_model(copy.deepcopy(gen.model), peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
+    A = net.base_model.model.model.layers[0].self_attn.q_proj.lora_A['default'].weight.clone()
+    assert snap_to_int4_grid(net) == 7 * gen.model.config.num_hidden_layers and PackedLM(net, 'int4').layers[0]['qkv'].lora is not None
+    assert torch.equal(A, net.base_model.model.model.layers[0].self_attn.q_proj.lora_A['default'].weight)
 
 
 def test_int4_keeps_lora_adapters_apart_and_refresh_serves_them(gen, on_grid):

@@ -75,7 +75,8 @@ def _int4_packed(w):
 def snap_to_int4_grid(model) -> int:
     "Round the decoder layers' product weights of `model` in place to int4's levels (a model int4 can serve; train it after); how many."
     import torch
-    mods = [getattr(m, 'base_layer', m) for n, m in model.named_modules() if '.layers.' in n and isinstance(getattr(m, 'base_layer', m), torch.nn.Linear)]
+    mods = [getattr(m, 'base_layer', m) for n, m in model.named_modules()         # a LoRA model's base weights, not its adapters
+            if '.layers.' in n and '.lora_' not in n and isinstance(getattr(m, 'base_layer', m), torch.nn.Linear)]
     with torch.no_grad():
         for m in set(mods):
             q, step, lo, _ = int4_grid(m.weight)
