@@ -149,7 +149,7 @@ class _Engine:
             if not self._acquire(): last = None; break
             tries += 1; t1 = time.monotonic()
             try:
-                self.client.api.timeout = self.call_timeout()
+                if self._client is not None: self._client.api.timeout = self.call_timeout()   # a client `fn` makes starts with it
                 out = fn(); self.last_ok = time.monotonic(); return out
             except Exception as e:
                 if not _busy(e): raise
