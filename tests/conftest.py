@@ -57,3 +57,12 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_unconfigure(config):
     shutil.rmtree(_TMP, ignore_errors=True)
+
+
+@pytest.fixture(scope='session')
+def on_grid():
+    "The tiny rung with its layer weights on int4's levels (`snap_to_int4_grid`): the form the packed int4 engine serves (a Q4 GGUF model is born so)."
+    import copy
+    from clawgym_nb.agents.engine import snap_to_int4_grid
+    from clawgym_nb.agents.student import shared_generator
+    m = copy.deepcopy(shared_generator('tiny', 'cpu').model); snap_to_int4_grid(m); return m

@@ -11,13 +11,6 @@ def gen():
     return shared_generator('tiny', 'cpu')
 
 
-@pytest.fixture(scope='module')
-def on_grid(gen):
-    "The tiny rung with its layer weights rounded to int4's levels (the form int4 serves: a Q4 GGUF model is born so)."
-    import copy
-    m = copy.deepcopy(gen.model); snap_to_int4_grid(m); return m
-
-
 def _model(gen, on_grid, weights): return on_grid if weights == 'int4' else gen.model
 
 

@@ -286,14 +286,6 @@ def _three_episodes(g, owners, turns=3):
     return outs
 
 
-@pytest.fixture(scope='module')
-def on_grid(gen):
-    "The tiny rung on int4's levels (`snap_to_int4_grid`): the packed int4 engine serves only such weights."
-    import copy
-    from clawgym_nb.agents.engine import snap_to_int4_grid
-    m = copy.deepcopy(gen.model); snap_to_int4_grid(m); return m
-
-
 ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16'),
            dict(engine='packed', weights='int4')]
 ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4']

@@ -17,22 +17,21 @@ WEIGHT_FORMATS = ('fp32', 'bf16', 'int8', 'int4')
 INT4_GROUP = 32     # int4: one scale and offset per 32 input weights of a row (the block of llama.cpp's Q4_1)
 INT4_OFF_GRID = 0.02   # int4 packs only weights this close (in steps) to its 16 levels: farther, rounding would serve another model
 
+def _adapters(mod) -> list:
+    "The LoRA adapters a module applies beside its base weight now: none when merged in, or inside peft's `disable_adapter()`."
+    if getattr(mod, 'base_layer', None) is None or getattr(mod, 'merged', False) or getattr(mod, 'disable_adapters', False): return []
+    return [a for a in getattr(mod, 'active_adapters', []) if a in getattr(mod, 'lora_A', {})]
+
 def _weight(mod):
     "The weight a linear module applies now: a LoRA-wrapped module's base weight plus its active adapters' deltas."
-    base = getattr(mod, 'base_layer', None)
-    if base is None: return mod.weight.detach()
-    w = base.weight.detach()
-    if not getattr(mod, 'merged', False) and not getattr(mod, 'disable_adapters', False):   # inside peft's `disable_adapter()`: the base alone
-        for a in getattr(mod, 'active_adapters', []):
-            if a in getattr(mod, 'lora_A', {}): w = w + mod.get_delta_weight(a).detach()
+    w = getattr(mod, 'base_layer', mod).weight.detach()
+    for a in _adapters(mod): w = w + mod.get_delta_weight(a).detach()
     return w
 
 def _lora(mod):
-    "A LoRA-wrapped module's active adapters, unmerged, as `(A [r, in], B [out, r])` with the scaling in B; None for a plain module."
+    "A LoRA-wrapped module's active adapters, unmerged, as `(A [r, in], B [out, r])` with the scaling in B; None for none."
     import torch
-    if getattr(mod, 'base_layer', None) is None or getattr(mod, 'merged', False) or getattr(mod, 'disable_adapters', False): return None
-    got = [(mod.lora_A[a].weight.detach().float(), mod.lora_B[a].weight.detach().float() * mod.scaling[a])
-           for a in getattr(mod, 'active_adapters', []) if a in getattr(mod, 'lora_A', {})]
+    got = [(mod.lora_A[a].weight.detach().float(), mod.lora_B[a].weight.detach().float() * mod.scaling[a]) for a in _adapters(mod)]
     return (torch.cat([A for A, _ in got]), torch.cat([B for _, B in got], 1)) if got else None
 
 def packable(model) -> str|None:
@@ -171,9 +170,9 @@ def _head_norms(attn, H:int, Hkv:int):
     if q is None: return None
     return torch.cat([_norm(q).expand(H, -1), _norm(k).expand(Hkv, -1)])
 
-def _packed(mods:list, fmt:str, name:str=''):
+def _packed(mods:list, fmt:str, name:str='', cache:dict|None=None):
     "One product for the linear modules `mods` side by side (q|k|v, gate|up): their weights and biases stacked; int4 keeps LoRA adapters apart."
-    import torch
+    import copy, torch
     b = [_bias(p) for p in mods]
     b = None if b[0] is None else torch.cat(b)
     if fmt != 'int4': return PackedLinear(torch.cat([_weight(p) for p in mods]), b, fmt)
@@ -182,10 +181,14 @@ def _packed(mods:list, fmt:str, name:str=''):
     lora = None if not any(loras) else (
         torch.cat([l[0] if l else torch.zeros(0, w.shape[1]) for l, w in zip(loras, base)]),
         torch.block_diag(*[l[1] if l else torch.zeros(w.shape[0], 0) for l, w in zip(loras, base)]))
-    lin = PackedLinear(torch.cat(base), b, fmt, lora=lora)
-    if lin.off_grid > INT4_OFF_GRID:      # e.g. a full fine-tune: its changes are smaller than a step and would round away
-        raise ClawError(f'int4 serves weights on its 4-bit grid (a Q4 GGUF model, LoRA adapters beside it); {name} lies up to {lin.off_grid:.2f} '
-                        'steps off, so int4 would serve another model than the trainer holds: use bf16, or snap_to_int4_grid(model) before training', field='weights')
+    key = tuple((w.data_ptr(), w._version) for w in base)          # frozen base weights (LoRA training) are packed once
+    if cache is None or cache.get(name, (None,))[0] != key:
+        packed = PackedLinear(torch.cat(base), b, fmt)
+        if packed.off_grid > INT4_OFF_GRID:      # e.g. a full fine-tune: its changes are smaller than a step and would round away
+            raise ClawError(f'int4 serves weights on its 4-bit grid (a Q4 GGUF model, LoRA adapters beside it); {name} lies up to {packed.off_grid:.2f} '
+                            'steps off, so int4 would serve another model than the trainer holds: use bf16, or snap_to_int4_grid(model) before training', field='weights')
+        if cache is not None: cache[name] = (key, packed)
+    lin = copy.copy(cache[name][1] if cache is not None else packed); lin.lora = lora
     return lin
 
 class PackedLM(_Forward):
@@ -198,6 +201,7 @@ class PackedLM(_Forward):
         self.model, self.fmt, self.eps = model, weights, cfg.rms_norm_eps
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
+        self._int4 = {}                        # int4: each product's packed base weights, kept while they do not change
         self.refresh()
 
     @property
@@ -221,8 +225,9 @@ class PackedLM(_Forward):
                 self.layers.append(dict(
                     ln1=_norm(l.input_layernorm), ln2=_norm(l.post_attention_layernorm),
                     qk_norm=_head_norms(a, self.H, self.Hkv),
-                    qkv=_packed([a.q_proj, a.k_proj, a.v_proj], f, f'layer {len(self.layers)} q|k|v'), o=_packed([a.o_proj], f, f'layer {len(self.layers)} o'),
-                    gate_up=_packed([m.gate_proj, m.up_proj], f, f'layer {len(self.layers)} gate|up'), down=_packed([m.down_proj], f, f'layer {len(self.layers)} down')))
+                    **{k: _packed(ms, f, f'layer {len(self.layers)} {label}', self._int4) for k, label, ms in
+                       (('qkv', 'q|k|v', [a.q_proj, a.k_proj, a.v_proj]), ('o', 'o', [a.o_proj]),
+                        ('gate_up', 'gate|up', [m.gate_proj, m.up_proj]), ('down', 'down', [m.down_proj]))}))
         self.refresh_s = time.monotonic() - t0
         return self.refresh_s
 
