@@ -172,3 +172,45 @@ def test_qwen3_head_norms_match_transformers():
     assert torch.allclose(last, ref[len(ids) - 1], atol=1e-4)
     rows = DecodeRows(lm, rows=1, length=16); rows.add(kv)
     assert torch.allclose(rows.step([26])[0], ref[-1], atol=1e-4)
+
+
+def test_compiled_decoding_matches_the_eager_engine_and_serves_refreshed_weights(gen, on_grid, monkeypatch):
+    "torch.compile'd decoding steps (int4, a LoRA model on the grid) give the eager engine's logits (to bf16 rounding) and greedy tokens, one row and "
+    "two rows together; after an optimizer step `refresh()` serves the new adapter without compiling again."
+    peft = pytest.importorskip('peft')
+    import copy
+    from torch._dynamo.utils import counters
+    net = peft.get_peft_model(copy.deepcopy(on_grid), peft.LoraConfig(r=4, lora_alpha=8, target_modules='all-linear', task_type='CAUSAL_LM'))
+    for n, p in net.named_parameters():
+        if 'lora_B' in n: torch.nn.init.normal_(p, std=0.05)
+    prompts = [_ids(gen.tok, f'<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n') for t in ('count the lines', 'write output/summary.md from the report')]
+    def greedy(lm, ps, n=8):
+        rows, ts, logits = DecodeRows(lm, rows=2, length=16), [], []        # 16 positions: the rows outgrow it (a new, longer buffer)
+        for p in ps:
+            last, kv = lm.prefill(p); rows.add(kv); ts.append(int(last.argmax()))
+        out = [ts]
+        for _ in range(n):
+            step = rows.step(ts); logits.append(step); ts = [int(t) for t in step.argmax(-1)]; out.append(ts)
+        return [[o[i] for o in out] for i in range(len(ps))], torch.stack(logits)
+    fast, eager = PackedLM(net, 'int4', compiled=True), PackedLM(net, 'int4')
+    for lm in (fast, eager): assert lm.decode_run is not lm.run or lm is eager
+    alone = [greedy(fast, [p]) for p in prompts]
+    assert [a[0][0] for a in alone] == [greedy(eager, [p])[0][0] for p in prompts]
+    both, both_logits = greedy(fast, prompts)
+    assert both == [a[0][0] for a in alone]                                   # rows decoded together: each row's tokens alone
+    assert torch.allclose(both_logits, greedy(eager, prompts)[1], atol=0.02)          # to bf16 rounding (fused kernels round in their own order)
+    graphs = counters['stats']['unique_graphs']
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            if 'lora_B' in n: p.mul_(-1.0)                                     # an optimizer step on the adapters
+    fast.refresh(); eager.refresh()
+    moved, moved_logits = greedy(fast, prompts)
+    assert torch.allclose(moved_logits, greedy(eager, prompts)[1], atol=0.02) and (moved_logits - both_logits).abs().max() > 0.2
+    assert counters['stats']['unique_graphs'] == graphs                       # the new weights went through the graphs already compiled
+
+
+def test_compiled_decoding_refuses_what_it_cannot_compile(gen, monkeypatch):
+    with pytest.raises(ClawError, match="bf16 product") as e: PackedLM(gen.model, 'bf16', compiled=True)
+    assert e.value.field == 'compiled'
+    monkeypatch.setenv('CXX', 'no-such-c++')
+    with pytest.raises(ClawError, match=r'C\+\+ compiler for inductor \(no-such-c\+\+ is not on PATH\)'): PackedLM(gen.model, 'fp32', compiled=True)

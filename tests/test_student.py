@@ -287,8 +287,8 @@ def _three_episodes(g, owners, turns=3):
 
 
 ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), dict(engine='packed', weights='bf16'),
-           dict(engine='packed', weights='int4')]
-ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4']
+           dict(engine='packed', weights='int4'), dict(engine='compiled', weights='int4')]
+ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4', 'compiled-int4']
 
 @pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
 def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, on_grid, kw):

@@ -158,6 +158,20 @@ class _Forward:
             h = self.run(torch.tensor(ids), torch.arange(n, n + T), attend)
             return self.head(h[-1:])[0], kept
 
+# %% ../../nbs/agents/03b_engine.ipynb #d5717e00
+def _uncompilable(weights:str) -> str|None:
+    "Why decoding steps in format `weights` cannot go through torch.compile here (None: they can)."
+    import os, shutil
+    if weights == 'bf16': return ("compiled decoding serves fp32, int8 and int4: inductor cannot lower oneDNN's packed bf16 product "
+                                  "(use the packed engine for bf16)")
+    cxx = os.environ.get('CXX', 'g++')
+    if not shutil.which(cxx): return f'compiled decoding needs a C++ compiler for inductor ({cxx} is not on PATH): install build-essential, or use the packed engine'
+
+def _compiled(run):
+    "`run` through torch.compile: sizes symbolic (one graph for a single row, one for 2+ rows, any context length), C++ wrapper."
+    import torch
+    return torch.compile(run, dynamic=True, options={'cpp_wrapper': True})
+
 # %% ../../nbs/agents/03b_engine.ipynb #8a7bcc2e
 def _norm(m):
     "A norm module's weight as float32 (None for no module)."
@@ -194,15 +208,19 @@ def _packed(mods:list, fmt:str, name:str='', cache:dict|None=None):
 class PackedLM(_Forward):
     "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16`, `int8` or `int4`."
     def __init__(self, model,                 # A transformers causal LM (a peft LoRA model too: adapters merged in, or kept apart for int4)
-                 weights:str='bf16'):          # How the weights are stored: fp32 (exact), bf16, int8 (a scale per output channel), int4 (per 32 inputs)
+                 weights:str='bf16',           # How the weights are stored: fp32 (exact), bf16, int8 (a scale per output channel), int4 (per 32 inputs)
+                 compiled:bool=False):         # Decoding steps through torch.compile (fp32, int8, int4; needs a C++ compiler): see below
         cfg = model.config
         if weights not in WEIGHT_FORMATS: raise ClawError(f'unknown weight format {weights!r}; use {", ".join(WEIGHT_FORMATS)}', field='weights')
         if (why := packable(model)): raise ClawError(why, field='model')
+        if compiled and (why := _uncompilable(weights)): raise ClawError(why, field='compiled')
         self.model, self.fmt, self.eps = model, weights, cfg.rms_norm_eps
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
         self._int4 = {}                        # int4: each product's packed base weights, kept while they do not change
         self.refresh()
+        self.compiled = compiled
+        self.decode_run = _compiled(self.run) if compiled else self.run      # what `DecodeRows.step` runs the stack with
 
     @property
     def kv_dtype(self):
@@ -243,6 +261,8 @@ class DecodeRows:
         B, old = len(self.lens), (self.K, self.V)
         shape = (rows, self.lm.Hkv, length, self.lm.D)     # zeros: a masked position's weight is 0, and 0 x garbage could be NaN
         self.K, self.V = ([torch.zeros(shape, dtype=self.lm.kv_dtype) for _ in self.lm.layers] for _ in range(2))
+        if self.lm.compiled:                              # compiled steps: rows and length symbolic from the start, so growing recompiles nothing
+            for t in self.K + self.V: torch._dynamo.maybe_mark_dynamic(t, 0); torch._dynamo.maybe_mark_dynamic(t, 2)
         for new, prev in zip(self.K + self.V, old[0] + old[1]):
             L = min(length, prev.shape[2]); new[:B, :, :L] = prev[:B, :, :L]
 
@@ -275,7 +295,7 @@ class DecodeRows:
         import torch
         lm, B = self.lm, len(self.lens)
         F, length = torch.nn.functional, self.K[0].shape[2]
-        if max(self.lens) + 1 > length: self._alloc(self.K[0].shape[0], 2 * length)
+        if max(self.lens) + 2 > length: self._alloc(self.K[0].shape[0], 2 * length)    # a spare position: a step never attends the whole tensor
         lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1
         mask = (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]             # [B, 1, 1, Lm]
         g = lm.H // lm.Hkv                                                          # query heads per key/value head
@@ -286,6 +306,6 @@ class DecodeRows:
             o = F.scaled_dot_product_attention(q, K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask)
             return o.float().reshape(B, -1)
         with torch.no_grad():
-            out = lm.head(lm.run(torch.tensor(tokens), lens, attend))
+            out = lm.head(lm.decode_run(torch.tensor(tokens), lens, attend))
         self.lens = [n + 1 for n in self.lens]
         return out

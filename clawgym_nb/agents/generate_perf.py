@@ -18,7 +18,7 @@ __all__ = ['GENERATE_ENGINES', 'SERVES_TRAINED_WEIGHTS', 'MAX_DRIFT', 'machine_r
            'bench_transformers_generate', 'bench_llama_cpp', 'logp_drift', 'benchmark_generation']
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #2c726a24
-GENERATE_ENGINES = ('generator', 'transformers-generate', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4', 'llama.cpp')
+GENERATE_ENGINES = ('generator', 'transformers-generate', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4', 'compiled-int4', 'llama.cpp')
 
 def machine_roofline(size:int=2048, copy_mb:int=256, repeats:int=3) -> dict:
     "This machine's limits, measured now: large float32 (and bfloat16) GEMM FLOP/s, memory copy bandwidth."
@@ -53,7 +53,8 @@ def bench_generator(tok, model, prompts:list, new:int, **engine) -> dict:
     for rows in sorted({1, len(prompts)}):
         g = Generator(tok, model, max_batch=rows, **engine)
         g.eos_ids = []                                    # a benchmark turn decodes exactly `new` tokens
-        _turns(g, prompts[:1], 4)                         # warm up (first-call allocations)
+        t0 = time.monotonic(); _turns(g, prompts[:rows], 4)     # warm up (first-call allocations; a compiled engine compiles its graphs)
+        out['warmup_s'] = round(out.get('warmup_s', 0) + time.monotonic() - t0, 1)
         d0, s0, p0, n0 = g.decode_s, g.row_steps, g.prefill_s, g.tokens_prefilled
         outs = _turns(g, prompts[:rows], new)
         out[f'decode_{rows}_tok_s'] = round((g.row_steps - s0) / (g.decode_s - d0), 1)
@@ -150,7 +151,7 @@ def logp_drift(model, prompts:list, outs:list) -> float:
         diffs.append((lp.gather(1, torch.tensor(new)[:, None])[:, 0] - torch.tensor(logps)).abs())
     return round(float(torch.cat(diffs).mean()), 5)
 
-SERVES_TRAINED_WEIGHTS = ('generator', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4')   # in process, the trainer's own tensors
+SERVES_TRAINED_WEIGHTS = ('generator', 'packed-fp32', 'packed-bf16', 'packed-int8', 'packed-int4', 'compiled-int4')   # in process, the trainer's own tensors
 MAX_DRIFT = 0.05      # mean |delta log-prob| of sampled tokens an engine may add to serve rollouts
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #4f8ca0de
@@ -164,17 +165,18 @@ def _bench_one(name, tok, net, model, prompts, new_tokens, drift_rows) -> dict:
     if name == 'transformers-generate': return bench_transformers_generate(tok, net, prompts, new_tokens)
     if name == 'packed-bf16' and not cpu_bf16():     # minutes of emulated products that cannot win (`gemm_bf16_gflops` shows the rate)
         return {'skipped': 'no native bf16 on this CPU (AVX512-BF16 or AMX): its bf16 products are emulated'}
-    kw = {'engine': 'transformers'} if name == 'generator' else {'engine': 'packed', 'weights': name.split('-')[1]}
+    kw = {'engine': 'transformers'} if name == 'generator' else dict(zip(('engine', 'weights'), name.split('-')))
     try: r = bench_generator(tok, net, prompts, new_tokens, **kw)
     except ClawError as e:                               # int4 refuses weights off its grid (any rung but small)
-        if name != 'packed-int4': raise
+        if not name.endswith('-int4'): raise
         return {'skipped': str(e)}
     r['logp_drift'] = logp_drift(net, prompts[:drift_rows], r.pop('_outs')[:drift_rows])
     return r
 
 def _best(a:dict, b:dict) -> dict:
-    "Per rate, the better of two rounds (a shared machine only ever slows a run down)."
-    return {k: max(v, b[k]) if k.endswith(('_tok_s', 'gflops', 'gbps')) else v for k, v in a.items()} if b else a
+    "Per rate, the better of two rounds (a shared machine only ever slows a run down); the longer warm-up (the round that compiled)."
+    keep = lambda k, v: max(v, b[k]) if k.endswith(('_tok_s', 'gflops', 'gbps')) else max(v, b.get(k, v)) if k == 'warmup_s' else v
+    return {k: keep(k, v) for k, v in a.items()} if b else a
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #abb3fece
 def benchmark_generation(model:str='small',       # Rung or model folder

@@ -27,7 +27,8 @@ STUDENT_SYSTEM = ("You are OpenClaw, a personal assistant working in the user's 
                   "edit(path, oldText, newText) replaces exact text.\n"
                   'Call one tool per turn: <tool_call>\n{"name": "exec", "arguments": {"command": "ls input"}}\n</tool_call>\n'
                   "When the task is done, reply with a one-line summary and no tool call.")
-ENGINES = ('auto', 'transformers', 'packed')   # how a `Generator` runs its model ('auto': packed where it can run, on CPU)
+ENGINES = ('auto', 'transformers', 'packed', 'compiled')   # how a `Generator` runs its model ('auto': packed where it can run, on CPU;
+                                                         # 'compiled': packed, its decoding steps through torch.compile)
 CPU_WEIGHTS = 'bf16' if cpu_bf16() else 'fp32'   # the packed engine's default weight format: bf16 (the choice measured below)
                                                  # where the CPU multiplies bf16 natively, exact fp32 elsewhere (`core.basics.cpu_bf16`)
 MAX_TOOL_CHARS = 300   # tool outputs longer than this are cut (same cut in training and at inference)
@@ -82,14 +83,14 @@ class Generator:
                  max_batch:int=32,          # Most turns decoded together
                  autocast:bool=False,       # bfloat16 autocast (CPU or GPU; transformers engine)
                  reuse_cache:bool=True,     # Keep each episode's KV cache between its turns
-                 engine:str='transformers', # 'transformers' (any model, any device), 'packed' (CPU, Llama / Qwen decoders) or 'auto'
+                 engine:str='transformers', # 'transformers' (any model, any device), 'packed' (CPU, Llama / Qwen decoders), 'compiled' (packed, compiled steps) or 'auto'
                  weights:str|None=None,     # The packed engine's weight format: 'fp32' (exact), 'bf16', 'int8' or 'int4' (default `CPU_WEIGHTS`)
                  idle_s:float=5.0):         # The decoding thread ends after this long with nothing to do (a dropped Generator frees its model)
         if engine not in ENGINES: raise ClawError(f'unknown engine {engine!r}; use {", ".join(ENGINES)}', field='engine')
         if engine == 'auto': engine = 'transformers' if packable(model) else 'packed'
         weights = weights or CPU_WEIGHTS
         self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache, self.idle_s = tok, model, max_batch, autocast, reuse_cache, idle_s
-        self.engine = PackedLM(model, weights) if engine == 'packed' else None
+        self.engine = PackedLM(model, weights, compiled=engine == 'compiled') if engine in ('packed', 'compiled') else None
         self.prefill_s = self.decode_s = 0.0
         self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids('<|im_end|>'), tok.eos_token_id) if isinstance(i, int) and i >= 0})
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
