@@ -206,7 +206,7 @@ def _packed(mods:list, fmt:str, name:str='', cache:dict|None=None):
     return lin
 
 class PackedLM(_Forward):
-    "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16`, `int8` or `int4`."
+    "A Llama / Qwen2 / Qwen3 decoder run by hand for CPU decoding: q|k|v and gate|up fused, weights packed as `fp32`, `bf16`, `int8` or `int4`, decoding steps compiled or eager."
     def __init__(self, model,                 # A transformers causal LM (a peft LoRA model too: adapters merged in, or kept apart for int4)
                  weights:str='bf16',           # How the weights are stored: fp32 (exact), bf16, int8 (a scale per output channel), int4 (per 32 inputs)
                  compiled:bool=False):         # Decoding steps through torch.compile (fp32, int8, int4; needs a C++ compiler): see below
