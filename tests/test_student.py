@@ -290,7 +290,7 @@ ENGINES = [dict(engine='transformers'), dict(engine='packed', weights='fp32'), d
            dict(engine='packed', weights='int4'), dict(engine='compiled', weights='int4')]
 ENGINE_IDS = ['transformers', 'packed-fp32', 'packed-bf16', 'packed-int4', 'compiled-int4']
 
-@pytest.mark.parametrize('kw', ENGINES, ids=ENGINE_IDS)
+@pytest.mark.parametrize('kw', ENGINES[:-1], ids=ENGINE_IDS[:-1])      # compiled steps keep the packed engine's caches (batching test below)
 def test_kv_cache_reuse_gives_the_same_tokens_with_less_prefill(gen, on_grid, kw):
     from clawgym_nb.agents.student import Generator
     class Owner: pass
