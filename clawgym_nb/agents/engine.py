@@ -195,14 +195,14 @@ def _packed(mods:list, fmt:str, name:str='', cache:dict|None=None):
     lora = None if not any(loras) else (
         torch.cat([l[0] if l else torch.zeros(0, w.shape[1]) for l, w in zip(loras, base)]),
         torch.block_diag(*[l[1] if l else torch.zeros(w.shape[0], 0) for l, w in zip(loras, base)]))
-    key = tuple((w.data_ptr(), w._version) for w in base)          # frozen base weights (LoRA training) are packed once
-    if cache is None or cache.get(name, (None,))[0] != key:
+    key, cache = tuple((w.data_ptr(), w._version) for w in base), {} if cache is None else cache    # frozen base weights (LoRA training) are packed once
+    if cache.get(name, (None,))[0] != key:
         packed = PackedLinear(torch.cat(base), b, fmt)
         if packed.off_grid > INT4_OFF_GRID:      # e.g. a full fine-tune: its changes are smaller than a step and would round away
             raise ClawError(f'int4 serves weights on its 4-bit grid (a Q4 GGUF model, LoRA adapters beside it); {name} lies up to {packed.off_grid:.2f} '
                             'steps off, so int4 would serve another model than the trainer holds: use bf16, or snap_to_int4_grid(model) before training', field='weights')
-        if cache is not None: cache[name] = (key, packed)
-    lin = copy.copy(cache[name][1] if cache is not None else packed); lin.lora = lora
+        cache[name] = (key, packed)
+    lin = copy.copy(cache[name][1]); lin.lora = lora
     return lin
 
 class PackedLM(_Forward):

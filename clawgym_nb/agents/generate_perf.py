@@ -175,8 +175,8 @@ def _bench_one(name, tok, net, model, prompts, new_tokens, drift_rows) -> dict:
 
 def _best(a:dict, b:dict) -> dict:
     "Per rate, the better of two rounds (a shared machine only ever slows a run down); the longer warm-up (the round that compiled)."
-    keep = lambda k, v: max(v, b[k]) if k.endswith(('_tok_s', 'gflops', 'gbps')) else max(v, b.get(k, v)) if k == 'warmup_s' else v
-    return {k: keep(k, v) for k, v in a.items()} if b else a
+    kept = lambda k: k.endswith(('_tok_s', 'gflops', 'gbps')) or k == 'warmup_s'
+    return {k: max(v, b[k]) if kept(k) else v for k, v in a.items()} if b else a
 
 # %% ../../nbs/agents/04a_generate_perf.ipynb #abb3fece
 def benchmark_generation(model:str='small',       # Rung or model folder
