@@ -81,6 +81,21 @@ def test_grpo_loss_gradient(tiny):
     assert all(p.grad is None for p in model.parameters()) and st['tokens'] == 13
 
 
+def test_compiled_trainer_layers_train_what_eager_ones_do(tmp_path):
+    "grpo_train's `compile_layers` (inductor, dynamic lengths): the loss and the LoRA gradients of a compiled trainee equal the eager one's."
+    trainees = []
+    for compiled in (False, True):
+        torch.manual_seed(0)                  # the same fresh LoRA adapter for both
+        tok, net, _ = grpo._load_trainee('tiny', tmp_path, {'step': 0}, 4, 1e-3, 'cpu')
+        if compiled: assert grpo.compile_decoder_layers(net) == 2
+        st = grpo_loss(net.train(), _seqs(tok, 1.0, -1.0), autocast=False)
+        trainees.append((st, {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}))
+    (eager, g_eager), (comp, g_comp) = trainees
+    assert comp['loss'] == pytest.approx(eager['loss'], abs=1e-5) and comp['tokens'] == eager['tokens'] == 13
+    assert g_comp.keys() == g_eager.keys() and any(float(g.abs().max()) > 0 for g in g_eager.values())
+    assert all(torch.allclose(g_comp[k], g_eager[k], atol=1e-5, rtol=1e-4) for k in g_eager)
+
+
 def test_grpo_loss_reports_the_engine_log_prob_drift(tiny):
     "With the engine's log-probs of the sampled tokens beside each sequence, the loss reports their mean gap to the trainer's."
     tok, model = tiny
@@ -153,6 +168,7 @@ def test_two_steps_log_and_save(run):
         if r['logp_drift'] is not None: assert 0 <= r['logp_drift'] < 0.1       # the packed engine (CPU_WEIGHTS) vs the trainer (bf16 autocast where native)
     assert summary['steps_done'] == 2 and summary['model'] == 'tiny' and summary['kl_coef'] == 0.0
     assert json.loads((out/'adapter'/'state.json').read_text())['step'] == 2 and (out/'adapter'/'optimizer.pt').is_file()
+    assert json.loads((out/'adapter'/'state.json').read_text())['compiled_layers'] == 0   # the tiny rung is below COMPILE_MIN_PARAMS
     rung = json.loads((out/'model'/'rung.json').read_text())
     assert rung['stage'] == 'grpo' and 'GRPO' in rung['label']
     load_model(str(out/'model'))

@@ -11,7 +11,7 @@ from ..core.basics import ClawError, append_jsonl, bf16_default, atomic_write_js
 from ..env.evaluate import as_tasks, run_parallel
 from ..env.agent import run_episode
 from .student import Generator, StudentPolicy
-from .sft import save_model
+from .sft import COMPILE_MIN_PARAMS, compile_decoder_layers, save_model
 from .models import model_fingerprint, load_model, rung_label
 from .pipeline import arm_key, arms_root, code_digest, tasks_digest
 
@@ -176,10 +176,12 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
                lr:float=1e-5, clip_low:float=0.2, clip_high:float=0.28, kl_coef:float=0.0,
                temperature:float=0.7, max_turns:int=6, max_new_tokens:int=256, max_context:int=2048,
                lora_r:int|None=16, eval_every:int=10, provider:str='auto', seed:int=0, device:str='cpu',
-               micro_batch:int=2, workers:int|None=None,
+               micro_batch:int=1,         # Sequences per trainer pass (1: no padding, and compiled layers see one batch shape)
+               workers:int|None=None,
                bf16:bool|None=None,       # bfloat16 autocast in the trainer (None: `bf16_default(device)`, on CPU only where it is native)
                engine:str='auto',         # How rollouts are generated: 'auto' (the packed engine on CPU), 'transformers', 'packed'
                weights:str|None=None,     # The packed engine's weight format (default: `CPU_WEIGHTS`)
+               compile_layers:bool|None=None,   # Compile the trainee's decoder layers (None: on CPU with the packed engine, 50M+ parameters)
                max_wall_s:float=3600,     # Per-episode wall clock: it includes waiting for the shared generator
                advantages=outcome_advantages,   # groups of (policy, episode) -> (advantages: a number or one per token, or None; step statistics)
                start_bench_root:str|Path|None=None,   # where the starting weights' benchmark is shared between runs (None: played in every run)
@@ -198,10 +200,12 @@ def grpo_train(model:str,                 # Starting point: an SFT model folder 
     tok, net, opt = _load_trainee(model, out, state, lora_r, lr, device)
     gen = Generator(tok, net, max_batch=max(prompts_per_step * group_size, len(bench) or 1), autocast=bf16 and device != 'cpu',
                     engine=engine, weights=weights)
+    if compile_layers is None: compile_layers = device == 'cpu' and gen.engine is not None and net.num_parameters() >= COMPILE_MIN_PARAMS
+    compiled = compile_decoder_layers(net) if compile_layers else 0   # the trainer's passes only: rollouts decode in the engine
     workers = workers or prompts_per_step * group_size
     run = dict(steps=steps, prompts_per_step=prompts_per_step, group_size=group_size, lr=lr, clip_low=clip_low, clip_high=clip_high,
                kl_coef=kl_coef, temperature=temperature, max_turns=max_turns, max_new_tokens=max_new_tokens, lora_r=lora_r, seed=seed,
-               start_model=start, advantage=getattr(advantages, '__name__', type(advantages).__name__))
+               start_model=start, compiled_layers=compiled, advantage=getattr(advantages, '__name__', type(advantages).__name__))
     if state['step'] == 0 and bench and not read_jsonl(out/'bench.jsonl'):
         net.eval()
         decides = dict(code=code_digest(('agents.grpo',)), start=start, bench=tasks_digest(bench), engine=engine, weights=weights, device=device, bf16=bf16,
