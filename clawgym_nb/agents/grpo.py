@@ -90,7 +90,8 @@ def grpo_loss(model, seqs:list,              # [(ids, mask, advantage[, engine l
 # %% ../../nbs/agents/06_grpo.ipynb #601e007a
 def _bench(gen, tasks, provider, max_turns, max_new_tokens, max_context, workers, max_wall_s=None) -> dict:
     pols = [StudentPolicy(gen, 0.0, max_new_tokens, max_context) for _ in tasks]
-    eps = run_parallel(lambda t, p: run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s), list(zip(tasks, pols)), workers, progress=False)
+    # every task at once (the generator's max_batch holds them): a second wave would decode its few rows nearly alone
+    eps = run_parallel(lambda t, p: run_episode(t, p, provider=provider, max_turns=max_turns, max_wall_s=max_wall_s), list(zip(tasks, pols)), max(workers, len(tasks)), progress=False)
     rs = [outcome_reward(e.record) for e in eps]
     ok = [r for r in rs if r is not None]
     return {'bench_mean': round(mean(ok), 4) if ok else None, 'bench_solved': sum(1 for r in ok if r >= 1.0), 'bench_n': len(ok),
