@@ -6,6 +6,7 @@
 from __future__ import annotations
 import time
 from ..core.basics import ClawError
+from .decode_attention import decode_attention, decode_attention_unavailable
 
 # %% auto #0
 __all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'INT4_OFF_GRID', 'packable', 'int4_grid', 'snap_to_int4_grid',
@@ -252,7 +253,14 @@ class PackedLM(_Forward):
 # %% ../../nbs/agents/03b_engine.ipynb #8e7ed96a
 class DecodeRows:
     "The keys/values of the rows decoded together, in place: layer i holds `K[i][:B, :, :len]`, rows kept contiguous (a leaving row's place takes the last row)."
-    def __init__(self, lm:PackedLM, rows:int=16, length:int=1024):
+    def __init__(self, lm:PackedLM, rows:int=16, length:int=1024,
+                 attention:str='auto'):     # 'kernel' (agents/03c_decode_attention), 'sdpa', or 'auto': the kernel where it runs (not in compiled steps)
+        if attention not in ('auto', 'kernel', 'sdpa'): raise ClawError(f"unknown attention {attention!r}; use 'auto', 'kernel' or 'sdpa'", field='attention')
+        usable = attention != 'sdpa' and not lm.compiled and lm.fmt != 'fp32'     # bf16 keys/values, eager steps
+        why = decode_attention_unavailable(lm.D, lm.H // lm.Hkv) if usable else None
+        if attention == 'kernel' and (why or not usable):
+            raise ClawError(why or 'the decode-attention kernel serves the eager engine with bf16 keys/values (not compiled steps, not fp32)', field='attention')
+        self.attention = 'kernel' if usable and not why else 'sdpa'
         self.lm, self.K, self.V, self.lens = lm, [], [], []
         self._alloc(rows, length)
 
@@ -298,10 +306,11 @@ class DecodeRows:
         if max(self.lens) + 2 > length: self._alloc(self.K[0].shape[0], 2 * length)    # a spare position: a step never attends the whole tensor
         lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1
         mask = (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]             # [B, 1, 1, Lm]
-        g = lm.H // lm.Hkv                                                          # query heads per key/value head
+        g, kernel = lm.H // lm.Hkv, self.attention == 'kernel'                      # query heads per key/value head
         def attend(i, q, k, v):
             K, V = self.K[i], self.V[i]
             K[rows, :, lens] = k.to(K.dtype); V[rows, :, lens] = v.to(V.dtype)
+            if kernel: return decode_attention(q.float().reshape(B, lm.Hkv, g, lm.D).contiguous(), K, V, lens, lm.D ** -0.5).reshape(B, -1)
             q = q.reshape(B, lm.Hkv, g, lm.D).to(K.dtype)                         # a key head's query heads as its query positions
             o = F.scaled_dot_product_attention(q, K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask)
             return o.float().reshape(B, -1)
