@@ -147,11 +147,14 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor K, torch::Tensor V
 '''
 
 # %% ../../nbs/agents/03c_decode_attention.ipynb #bce16d66
+def _missing_flags() -> list:
+    "The CPU features of `DECODE_ATTENTION_FLAGS` this machine lacks."
+    return [f for f in DECODE_ATTENTION_FLAGS if f not in cpu_info()['cpu_flags']]
+
 @lru_cache(maxsize=None)
 def _build() -> tuple:
     "`(compiled module, None)`, or `(None, why it did not build)`; built once per source and flags, cached by torch."
-    missing = [f for f in DECODE_ATTENTION_FLAGS if f not in cpu_info()['cpu_flags']]
-    if missing: return None, f'this CPU lacks {", ".join(missing)}'      # its instructions would not run here
+    if missing := _missing_flags(): return None, f'this CPU lacks {", ".join(missing)}'      # its instructions would not run here
     try:
         from torch.utils.cpp_extension import load_inline
         try:
@@ -166,8 +169,7 @@ def _build() -> tuple:
 
 def decode_attention_unavailable(head_dim:int=64, group:int=1) -> str|None:
     "Why the kernel cannot attend here for heads of `head_dim` with `group` query heads per key/value head (None: it can; builds it)."
-    missing = [f for f in DECODE_ATTENTION_FLAGS if f not in cpu_info()['cpu_flags']]
-    if missing: return f'this CPU lacks {", ".join(missing)} (the engine uses SDPA)'
+    if missing := _missing_flags(): return f'this CPU lacks {", ".join(missing)} (the engine uses SDPA)'
     if head_dim not in (32, 64, 128) or not 1 <= group <= 8:
         return f'head dim {head_dim} with {group} query heads per key head: the kernel takes head dims 32, 64 or 128 and 1-8 query heads per key head'
     cxx = os.environ.get('CXX', 'c++')

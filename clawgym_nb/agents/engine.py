@@ -305,8 +305,8 @@ class DecodeRows:
         F, length = torch.nn.functional, self.K[0].shape[2]
         if max(self.lens) + 2 > length: self._alloc(self.K[0].shape[0], 2 * length)    # a spare position: a step never attends the whole tensor
         lens = torch.tensor(self.lens); rows = torch.arange(B); Lm = int(lens.max()) + 1
-        mask = (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]             # [B, 1, 1, Lm]
         g, kernel = lm.H // lm.Hkv, self.attention == 'kernel'                      # query heads per key/value head
+        mask = None if kernel else (torch.arange(Lm)[None] <= lens[:, None])[:, None, None]   # [B, 1, 1, Lm] (the kernel stops at each row's length)
         def attend(i, q, k, v):
             K, V = self.K[i], self.V[i]
             K[rows, :, lens] = k.to(K.dtype); V[rows, :, lens] = v.to(V.dtype)
