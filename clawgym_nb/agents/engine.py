@@ -6,7 +6,7 @@
 from __future__ import annotations
 import time
 from ..core.basics import ClawError
-from .decode_attention import decode_attention, decode_attention_unavailable
+from .decode_kernels import decode_attention, decode_kernels, decode_kernels_unavailable
 
 # %% auto #0
 __all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'INT4_OFF_GRID', 'packable', 'int4_grid', 'snap_to_int4_grid',
@@ -103,14 +103,18 @@ class PackedLinear:
         import torch
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         if self.fmt == 'fp32': y = x @ self.w
-        elif self.fmt == 'bf16' and self.onednn is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.onednn, None, 'none', [], '').float()
+        elif self.fmt == 'bf16' and self.onednn is not None: y = self.bf16(x.to(torch.bfloat16)).float()
         elif self.fmt == 'bf16': y = (x.to(torch.bfloat16) @ self.w.t()).float()
         elif self.fmt == 'int4': y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), self.w, INT4_GROUP, self.sz).float()
         else: y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.w, self.s).float()
         if self.lora is not None: y = y + (x @ self.lora[0].t()) @ self.lora[1].t()
         if self.b is not None: y = y + self.b
         return y.reshape(*shape[:-1], y.shape[-1])
+
+    def bf16(self, x):
+        "bf16 `x` [rows, in] -> bf16 `x @ W.T` by oneDNN's packed weights, no bias (the fused decoding step's products)."
+        import torch
+        return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, 'none', [], '')
 
 # %% ../../nbs/agents/03b_engine.ipynb #44629694
 def _rms(x, w, eps):
@@ -224,6 +228,14 @@ class PackedLM(_Forward):
         self.decode_run = _compiled(self.run) if compiled else self.run      # what `DecodeRows.step` runs the stack with
 
     @property
+    def fusable(self) -> bool:
+        "Whether `DecodeRows` may fuse this engine's decoding steps: bf16 products by oneDNN, no bias beside q|k|v's, widths in 16s."
+        prods = [self.head] + [L[k] for L in self.layers for k in ('qkv', 'o', 'gate_up', 'down')]
+        return (self.fmt == 'bf16' and all(getattr(p, 'onednn', None) is not None for p in prods)
+                and all(L[k].b is None for L in self.layers for k in ('o', 'gate_up', 'down')) and self.head.b is None
+                and self.embed.shape[1] % 16 == 0 and self.model.config.intermediate_size % 16 == 0)
+
+    @property
     def kv_dtype(self):
         "The decoding rows' keys/values: float32 for the exact engine, bf16 for the rounded ones (rounded like the weights)."
         import torch
@@ -254,13 +266,15 @@ class PackedLM(_Forward):
 class DecodeRows:
     "The keys/values of the rows decoded together, in place: layer i holds `K[i][:B, :, :len]`, rows kept contiguous (a leaving row's place takes the last row)."
     def __init__(self, lm:PackedLM, rows:int=16, length:int=1024,
-                 attention:str='auto'):     # 'kernel' (agents/03c_decode_attention), 'sdpa', or 'auto': the kernel where it runs (not in compiled steps)
+                 attention:str='auto',      # 'kernel' (agents/03c_decode_kernels), 'sdpa', or 'auto': the kernel where it runs (not in compiled steps)
+                 fuse:bool=True):           # with the kernel and oneDNN's bf16 products: the layers' small operations fused as well
         if attention not in ('auto', 'kernel', 'sdpa'): raise ClawError(f"unknown attention {attention!r}; use 'auto', 'kernel' or 'sdpa'", field='attention')
         usable = attention != 'sdpa' and not lm.compiled and lm.fmt != 'fp32'     # bf16 keys/values, eager steps
-        why = decode_attention_unavailable(lm.D, lm.H // lm.Hkv) if usable else None
+        why = decode_kernels_unavailable(lm.D, lm.H // lm.Hkv) if usable else None
         if attention == 'kernel' and (why or not usable):
             raise ClawError(why or 'the decode-attention kernel serves the eager engine with bf16 keys/values (not compiled steps, not fp32)', field='attention')
         self.attention = 'kernel' if usable and not why else 'sdpa'
+        self.fused = fuse and self.attention == 'kernel' and lm.fusable
         self.lm, self.K, self.V, self.lens = lm, [], [], []
         self._alloc(rows, length)
 
@@ -315,6 +329,22 @@ class DecodeRows:
             o = F.scaled_dot_product_attention(q, K[:B, :, :Lm], V[:B, :, :Lm], attn_mask=mask)
             return o.float().reshape(B, -1)
         with torch.no_grad():
-            out = lm.head(lm.decode_run(torch.tensor(tokens), lens, attend))
+            out = self._fused_step(tokens, lens) if self.fused else lm.head(lm.decode_run(torch.tensor(tokens), lens, attend))
         self.lens = [n + 1 for n in self.lens]
         return out
+
+    def _fused_step(self, tokens:list, lens):
+        "`step`'s logits with each layer as four oneDNN products around the fused kernels of agents/03c_decode_kernels."
+        import torch
+        lm, k, B = self.lm, decode_kernels(), len(tokens)
+        H, Hkv, D, eps = lm.H, lm.Hkv, lm.D, lm.eps
+        x = lm.embed[torch.tensor(tokens)]                                      # the residual stream, float32, updated in place
+        cos, sin = lm.rotary(x, lens[None])
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        h = k.add_rms_bf16(x, None, lm.layers[0]['ln1'], eps)
+        for i, (L, norm_after) in enumerate(zip(lm.layers, [L['ln1'] for L in lm.layers[1:]] + [lm.norm])):
+            q = k.rope_to_cache(L['qkv'].bf16(h), L['qkv'].b, L['qk_norm'], eps, cos, sin, self.K[i], self.V[i], lens, H, Hkv)
+            a = k.decode_attention(q.view(B, Hkv, H // Hkv, D), self.K[i], self.V[i], lens, D ** -0.5, True)     # bf16 out
+            h = k.add_rms_bf16(x, L['o'].bf16(a.view(B, -1)), L['ln2'], eps)
+            h = k.add_rms_bf16(x, L['down'].bf16(k.silu_mul_bf16(L['gate_up'].bf16(h))), norm_after, eps)
+        return lm.head.bf16(h).float()
