@@ -114,3 +114,25 @@ def test_fused_steps_match_unfused_kernel_steps():
     assert (logits[True] - logits[False]).abs().max().item() < 0.02 * logits[False].abs().max().item()
     assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
     assert (caches[True] - caches[False]).abs().max().item() < 0.05
+
+@pytest.mark.parametrize('V', [37, 4096])
+def test_sample_rows_picks_as_pytorch_would(V):
+    _needs_kernel()
+    k = dk.decode_kernels()
+    torch.manual_seed(V)
+    lg = torch.randn(5, V) * 2
+    lg[1, 3] = lg[1, 30] = lg[1].max() + 1                       # a tie: the first index, as argmax
+    temps = torch.tensor([0.0, 0.0, 0.7, 1.0, 0.0])
+    tok, logp = k.sample_rows(lg, temps, torch.rand(5))
+    assert tok.dtype == torch.long and logp.dtype == torch.float32
+    greedy = temps == 0
+    assert torch.equal(tok[greedy], lg.argmax(-1)[greedy]) and int(tok[1]) == 3
+    assert torch.allclose(logp, lg.log_softmax(-1).gather(1, tok[:, None])[:, 0], atol=1e-4)    # untempered, every row
+    small = torch.randn(1, V) if V < 100 else torch.randn(1, V) * 4
+    n = 6000
+    draws = torch.cat([k.sample_rows(small, torch.full((1,), 0.8), u[None])[0] for u in torch.rand(n)])
+    p = torch.softmax(small[0] / 0.8, -1)
+    freq = torch.bincount(draws, minlength=V).float() / n
+    assert (freq - p).abs().max().item() < 4 * (p.max().item() / n) ** 0.5 + 1e-3         # within a few standard errors
+    assert k.sample_rows(small, torch.full((1,), 0.8), torch.zeros(1))[0].item() == int((p > 0).nonzero()[0])   # u = 0: the first token
+    with pytest.raises(RuntimeError, match='temps, u'): k.sample_rows(lg, torch.zeros(4), torch.rand(5))

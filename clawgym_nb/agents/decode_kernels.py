@@ -9,13 +9,13 @@ from functools import lru_cache
 from ..core.basics import ClawError, cpu_info
 
 # %% auto #0
-__all__ = ['DECODE_KERNEL_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'decode_kernels_unavailable', 'decode_kernels',
-           'decode_attention']
+__all__ = ['DECODE_KERNEL_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'DECODE_SAMPLE_CPP', 'decode_kernels_unavailable',
+           'decode_kernels', 'decode_attention']
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #176ff76b
 DECODE_KERNEL_FLAGS = ('avx512f', 'avx512_bf16')      # the CPU features their instructions need (AVX512-BF16 CPUs have AVX512BW too)
 _CFLAGS = ('-O3', '-mavx512f', '-mavx512bw', '-mavx512bf16', '-mfma', '-fopenmp')
-_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache')     # what the source defines for Python
+_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows')     # what the source defines for Python
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #84d5689b
 DECODE_ATTENTION_CPP = r'''
@@ -252,6 +252,73 @@ torch::Tensor rope_to_cache(torch::Tensor qkv, c10::optional<torch::Tensor> bias
 }
 '''
 
+# %% ../../nbs/agents/03c_decode_kernels.ipynb #sample_cpp
+DECODE_SAMPLE_CPP = r'''
+// One token per row of logits [B, V] (float32): greedy (argmax, the first of equal maxima) where temps[b] is 0, else a draw
+// from softmax(logits / temps[b]) by inverting its cumulative sum at u[b] in [0, 1); with the log-probability of the token
+// under softmax(logits) (untempered, as the trainer scores it). Returns (tokens int64 [B], log-probs float32 [B]).
+std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor temps, torch::Tensor u) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && logits.scalar_type() == torch::kFloat, "sample_rows: logits [B, V] float32 contiguous");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(V > 0 && temps.numel() == B && u.numel() == B && temps.scalar_type() == torch::kFloat && u.scalar_type() == torch::kFloat
+              && temps.is_contiguous() && u.is_contiguous(), "sample_rows: temps, u [B] float32");
+  auto tokens = torch::empty({B}, logits.options().dtype(torch::kLong));
+  auto logps = torch::empty({B}, logits.options());
+  const float* lp = logits.data_ptr<float>(); const float* tp = temps.data_ptr<float>(); const float* up = u.data_ptr<float>();
+  int64_t* top = tokens.data_ptr<int64_t>(); float* op = logps.data_ptr<float>();
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* x = lp + b * V;
+      float best = x[0]; int64_t arg = 0;                      // argmax: first of equal maxima
+      const int64_t V16 = V / 16 * 16;
+      if (V16) {
+        __m512 bv = _mm512_loadu_ps(x); __m512i bi = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512i idx = bi; const __m512i step = _mm512_set1_epi32(16);
+        for (int64_t v = 16; v < V16; v += 16) {
+          idx = _mm512_add_epi32(idx, step);
+          const __m512 xv = _mm512_loadu_ps(x + v);
+          const __mmask16 gt = _mm512_cmp_ps_mask(xv, bv, _CMP_GT_OQ);
+          bv = _mm512_mask_blend_ps(gt, bv, xv); bi = _mm512_mask_blend_epi32(gt, bi, idx);
+        }
+        alignas(64) float vals[16]; alignas(64) int32_t ids[16];
+        _mm512_store_ps(vals, bv); _mm512_store_si512((__m512i*)ids, bi);
+        best = vals[0]; arg = ids[0];
+        for (int j = 1; j < 16; ++j) if (vals[j] > best || (vals[j] == best && ids[j] < arg)) { best = vals[j]; arg = ids[j]; }
+      }
+      for (int64_t v = V16; v < V; ++v) if (x[v] > best) { best = x[v]; arg = v; }
+      const __m512 mb = _mm512_set1_ps(best);                  // logsumexp, shifted by the maximum
+      __m512 acc = _mm512_setzero_ps();
+      for (int64_t v = 0; v < V16; v += 16) acc = _mm512_add_ps(acc, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + v), mb)));
+      float sum = _mm512_reduce_add_ps(acc);
+      for (int64_t v = V16; v < V; ++v) sum += std::exp(x[v] - best);
+      const float lse = best + std::log(sum);
+      int64_t pick = arg;
+      if (tp[b] > 0) {                                          // a draw: weights exp((x - max) / T), their sum, then the point u * sum
+        const float inv = 1.f / tp[b]; const __m512 iv = _mm512_set1_ps(inv);
+        __m512 a2 = _mm512_setzero_ps();
+        for (int64_t v = 0; v < V16; v += 16) a2 = _mm512_add_ps(a2, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + v), mb), iv)));
+        float total = _mm512_reduce_add_ps(a2);
+        for (int64_t v = V16; v < V; ++v) total += std::exp((x[v] - best) * inv);
+        const float target = up[b] * total;
+        float run = 0.f; pick = -1;
+        for (int64_t v = 0; v < V16 && pick < 0; v += 16) {
+          alignas(64) float w[16];
+          _mm512_store_ps(w, exp16(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + v), mb), iv)));
+          float blk = 0.f; for (int j = 0; j < 16; ++j) blk += w[j];
+          if (run + blk <= target) { run += blk; continue; }
+          for (int j = 0; j < 16; ++j) { run += w[j]; if (run > target && w[j] > 0.f) { pick = v + j; break; } }
+          if (pick < 0) pick = v + 15;                          // rounding left the point at the block's end
+        }
+        for (int64_t v = V16; v < V && pick < 0; ++v) { run += std::exp((x[v] - best) * inv); if (run > target) pick = v; }
+        if (pick < 0) pick = arg;                               // the point fell past the last weight by rounding: the likeliest token
+      }
+      top[b] = pick; op[b] = x[pick] - lse;
+    }
+  });
+  return {tokens, logps};
+}
+'''
+
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #bce16d66
 def _missing_flags() -> list:
     "The CPU features of `DECODE_KERNEL_FLAGS` this machine lacks."
@@ -266,7 +333,7 @@ def _build() -> tuple:
         try:
             import ninja; os.environ['PATH'] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"   # torch looks for ninja on PATH
         except ImportError: pass
-        source = DECODE_ATTENTION_CPP + DECODE_STEP_CPP
+        source = DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP
         tag = hashlib.sha1((source + ' '.join(_CFLAGS)).encode()).hexdigest()[:12]
         mod = load_inline(f'clawgym_decode_kernels_{tag}', cpp_sources=source, functions=list(_FUNCTIONS),
                           extra_cflags=list(_CFLAGS), extra_ldflags=['-fopenmp'])
@@ -284,7 +351,7 @@ def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     return _build()[1]
 
 def decode_kernels():
-    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`), for a caller that checked `decode_kernels_unavailable`."
+    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`, `sample_rows`), for a caller that checked `decode_kernels_unavailable`."
     mod, why = _build()
     if mod is None: raise ClawError(why, field='attention')
     return mod

@@ -10,10 +10,7 @@ from ..core.basics import ClawError, cpu_bf16, release_openmp_threads
 from ..env.policies import PolicyError, assistant_message, model_fingerprint, parse_tool_calls, register_policy_kind
 from .models import load_model
 from .engine import PackedLM, DecodeRows, packable
-
-# %% auto #0
-__all__ = ['STUDENT_SYSTEM', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_output', 'student_messages', 'Generator',
-           'render_prompt', 'suffix_text', 'StudentPolicy', 'shared_generator', 'student_policy']
+from .decode_kernels import decode_kernels, decode_kernels_unavailable
 
 # %% auto #0
 __all__ = ['STUDENT_SYSTEM', 'ENGINES', 'CPU_WEIGHTS', 'MAX_TOOL_CHARS', 'STUDENT_TOOL_NAMES', 'clip_tool_output',
@@ -91,6 +88,8 @@ class Generator:
         weights = weights or CPU_WEIGHTS
         self.tok, self.model, self.max_batch, self.autocast, self.reuse_cache, self.idle_s = tok, model, max_batch, autocast, reuse_cache, idle_s
         self.engine = PackedLM(model, weights, compiled=engine == 'compiled') if engine in ('packed', 'compiled') else None
+        on_cpu = next(model.parameters()).device.type == 'cpu'     # tokens chosen by `sample_rows` where the kernels run, else by PyTorch
+        self.sampler = decode_kernels() if on_cpu and decode_kernels_unavailable() is None else None
         self.prefill_s = self.decode_s = 0.0
         self.eos_ids = sorted({i for i in (tok.convert_tokens_to_ids('<|im_end|>'), tok.eos_token_id) if isinstance(i, int) and i >= 0})
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_ids[0]
@@ -208,7 +207,10 @@ class _Rows:
     def _sample(self, logits, rs) -> list:
         "`[(token, log-prob)]`, one per row: greedy where the temperature is 0, else a draw from softmax(logits / T)."
         import torch
-        t = torch.tensor([r.temperature for r in rs], device=logits.device)
+        t = torch.tensor([r.temperature for r in rs], dtype=torch.float32, device=logits.device)
+        if self.g.sampler is not None and logits.device.type == 'cpu':       # one walk per row (agents/03c_decode_kernels)
+            pick, logp = self.g.sampler.sample_rows(logits.float().contiguous(), t, torch.rand(len(rs)))
+            return list(zip(pick.tolist(), logp.tolist()))
         pick = logits.argmax(-1)
         if (t > 0).any():
             drawn = torch.multinomial(torch.softmax(logits / t.clamp(min=1e-5)[:, None], -1), 1)[:, 0]
