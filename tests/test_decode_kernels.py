@@ -37,6 +37,11 @@ def test_kernel_refuses_what_it_cannot_take():
         dk.decode_attention(torch.zeros(2, 3, 3, 48), K[..., :48], K[..., :48], torch.tensor([3, 4]), 0.125)
     assert 'head dim 48' in dk.decode_kernels_unavailable(48, 3)
 
+def test_kernels_name_a_missing_compiler(monkeypatch):
+    monkeypatch.setattr(dk, 'cpu_info', lambda: {'cpu_model': 'test', 'cpu_flags': list(dk.DECODE_KERNEL_FLAGS)})
+    monkeypatch.setenv('CXX', 'no-such-c++')
+    assert dk.decode_kernels_unavailable(64, 3) == 'no C++ compiler to build the decoding kernels (no-such-c++ is not on PATH; the engine uses SDPA)'
+
 def test_decode_rows_pick_the_kernel_only_where_it_serves(monkeypatch):
     tok, model = load_model('tiny')
     lm16, lm32 = PackedLM(model, 'bf16'), PackedLM(model, 'fp32')

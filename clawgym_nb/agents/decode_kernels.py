@@ -4,9 +4,9 @@
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #a38025fa
 from __future__ import annotations
-import hashlib, os, shutil
+import hashlib, os
 from functools import lru_cache
-from ..core.basics import ClawError, cpu_info
+from ..core.basics import ClawError, cpu_info, cxx_missing
 
 # %% auto #0
 __all__ = ['DECODE_KERNEL_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'DECODE_SAMPLE_CPP', 'decode_kernels_unavailable',
@@ -346,8 +346,7 @@ def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     if missing := _missing_flags(): return f'this CPU lacks {", ".join(missing)} (the engine uses SDPA)'
     if head_dim not in (32, 64, 128) or not 1 <= group <= 8:
         return f'head dim {head_dim} with {group} query heads per key head: the kernel takes head dims 32, 64 or 128 and 1-8 query heads per key head'
-    cxx = os.environ.get('CXX', 'c++')
-    if not shutil.which(cxx): return f'no C++ compiler ({cxx}) to build the decoding kernels (the engine uses SDPA)'
+    if why := cxx_missing(): return f'no C++ compiler to build the decoding kernels ({why}; the engine uses SDPA)'
     return _build()[1]
 
 def decode_kernels():

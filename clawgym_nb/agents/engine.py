@@ -5,7 +5,7 @@
 # %% ../../nbs/agents/03b_engine.ipynb #f7f038cb
 from __future__ import annotations
 import time
-from ..core.basics import ClawError
+from ..core.basics import ClawError, cxx_missing
 from .decode_kernels import decode_attention, decode_kernels, decode_kernels_unavailable
 
 # %% auto #0
@@ -166,11 +166,9 @@ class _Forward:
 # %% ../../nbs/agents/03b_engine.ipynb #d5717e00
 def _uncompilable(weights:str) -> str|None:
     "Why decoding steps in format `weights` cannot go through torch.compile here (None: they can)."
-    import os, shutil
     if weights == 'bf16': return ("compiled decoding serves fp32, int8 and int4: inductor cannot lower oneDNN's packed bf16 product "
                                   "(use the packed engine for bf16)")
-    cxx = os.environ.get('CXX', 'g++')
-    if not shutil.which(cxx): return f'compiled decoding needs a C++ compiler for inductor ({cxx} is not on PATH): install build-essential, or use the packed engine'
+    if why := cxx_missing(): return f'compiled decoding needs a C++ compiler for inductor ({why}): install build-essential, or use the packed engine'
 
 def _compiled(run):
     "`run` through torch.compile: sizes symbolic (one graph for a single row, one for 2+ rows, any context length), C++ wrapper."

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import csv, io, json, math, os, shutil, time, warnings
 from pathlib import Path
-from ..core.basics import ClawError, atomic_write_json, bf16_default, atomic_write_text, read_jsonl, replace_dir, require_same
+from ..core.basics import ClawError, atomic_write_json, bf16_default, atomic_write_text, cxx_missing, read_jsonl, replace_dir, require_same
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 from .models import base_rung, load_model, rung_label
@@ -163,10 +163,9 @@ COMPILE_MIN_PARAMS = 50_000_000   # below this (the tiny test rung) a step takes
 
 def compile_decoder_layers(model) -> int:
     "Compile each decoder layer of `model` in place with inductor, lengths dynamic; how many (0: no C++ compiler or no layer stack)."
-    import shutil
     net = model.get_base_model() if hasattr(model, 'get_base_model') else model
     layers = getattr(getattr(net, net.base_model_prefix, None), 'layers', None)
-    if layers is None or not (shutil.which(os.environ.get('CXX') or 'g++') or shutil.which('clang++')): return 0
+    if layers is None or cxx_missing(): return 0
     for layer in layers: layer.compile(dynamic=True)    # one graph for all layers and lengths; the state-dict keys unchanged
     return len(layers)
 

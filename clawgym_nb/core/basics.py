@@ -4,7 +4,7 @@
 
 # %% ../../nbs/core/00_basics.ipynb #b03dec99
 from __future__ import annotations
-import json, os, platform, subprocess, sys, tempfile, time
+import json, os, platform, shutil, subprocess, sys, tempfile, time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -13,7 +13,8 @@ from typing import Any, Iterable, Iterator
 __all__ = ['WORKSPACE_MOUNT', 'EXTERNAL_DATA', 'MATRIX_FLAGS', 'BF16_FLAGS', 'ClawError', 'require_same', 'atomic_write_bytes',
            'atomic_write_text', 'atomic_write_json', 'replace_dir', 'append_jsonl', 'read_jsonl', 'write_jsonl',
            'project_root', 'data_dir', 'external_data', 'missing_data', 'git_commit', 'package_versions', 'cpu_info',
-           'cpu_bf16', 'bf16_default', 'machine_info', 'machine_places', 'sanitise_outputs', 'release_openmp_threads']
+           'cxx_missing', 'cpu_bf16', 'bf16_default', 'machine_info', 'machine_places', 'sanitise_outputs',
+           'release_openmp_threads']
 
 # %% ../../nbs/core/00_basics.ipynb #088051f1
 class ClawError(Exception):
@@ -65,7 +66,6 @@ def atomic_write_json(path:str|Path, obj:Any, indent:int|None=2) -> Path:
 
 def replace_dir(new:str|Path, final:str|Path) -> Path:
     "Put the finished folder `new` at `final` by renames: `final` is always either the old folder or the new one."
-    import shutil
     new, final = Path(new), Path(final)
     old = final.with_name(f'.{final.name}.old-{os.getpid()}-{time.time_ns()}')
     if final.exists(): final.rename(old)
@@ -169,6 +169,11 @@ def cpu_info() -> dict:
     except OSError: lines = []
     field = lambda name: next((l.split(':', 1)[1].strip() for l in lines if l.split(':', 1)[0].strip() == name), '')
     return {'cpu_model': field('model name') or None, 'cpu_flags': [f for f in MATRIX_FLAGS if f in field('flags').split()]}
+
+def cxx_missing() -> str|None:
+    "Why nothing here can build C++ for torch.compile or the kernels (`$CXX`, else c++, g++ and clang++, not on PATH), or None."
+    wanted = [os.environ['CXX']] if os.environ.get('CXX') else ['c++', 'g++', 'clang++']
+    return None if any(shutil.which(c) for c in wanted) else f'{" / ".join(wanted)} is not on PATH'
 
 BF16_FLAGS = ('avx512_bf16', 'amx_bf16')    # x86 features that multiply bfloat16 natively (what oneDNN's fast bf16 kernels use)
 
