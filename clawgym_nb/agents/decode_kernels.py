@@ -9,13 +9,14 @@ from functools import lru_cache
 from ..core.basics import ClawError, cpu_info, cxx_missing
 
 # %% auto #0
-__all__ = ['DECODE_KERNEL_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'DECODE_SAMPLE_CPP', 'decode_kernels_unavailable',
-           'decode_kernels', 'decode_attention']
+__all__ = ['DECODE_KERNEL_FLAGS', 'AMX_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'DECODE_SAMPLE_CPP', 'DECODE_AMX_CPP',
+           'decode_kernels_unavailable', 'decode_kernels', 'decode_attention', 'amx_unavailable', 'amx_weights']
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #176ff76b
 DECODE_KERNEL_FLAGS = ('avx512f', 'avx512_bf16')      # the CPU features their instructions need (AVX512-BF16 CPUs have AVX512BW too)
-_CFLAGS = ('-O3', '-mavx512f', '-mavx512bw', '-mavx512bf16', '-mfma', '-fopenmp')
-_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows')     # what the source defines for Python
+AMX_FLAGS = ('amx_bf16', 'amx_tile')                  # and what amx_linear's tiles need besides
+_CFLAGS = ('-O3', '-mavx512f', '-mavx512bw', '-mavx512bf16', '-mfma', '-mamx-tile', '-mamx-bf16', '-fopenmp')
+_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows', 'amx_linear', 'amx_ready')     # what the source defines for Python
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #84d5689b
 DECODE_ATTENTION_CPP = r'''
@@ -319,6 +320,89 @@ std::vector<torch::Tensor> sample_rows(torch::Tensor logits, torch::Tensor temps
 }
 '''
 
+# %% ../../nbs/agents/03c_decode_kernels.ipynb #amx_cpp
+DECODE_AMX_CPP = r'''
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// AMX tiles: asked for once per process (Linux keeps their state only for processes that ask).
+static bool amx_permitted() {
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  return ok;
+}
+bool amx_ready() { return amx_permitted(); }
+
+struct TileConfig { uint8_t palette; uint8_t start_row; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+
+// y [M, N] = x [M, K] . W^T for the output groups [g0, g1) of 64 (4 tiles of 16), W arranged as [N/64][K/32][4][16 pairs]
+// [16 outputs][2] so that a group is one sequential stream of 4 KB per 32 inputs. Row blocks of 16 inside the group, so
+// a group's weights come from memory once. Accumulated in float32; written as bf16 (out_bf16) or float32 (out_f32).
+static void amx_groups(const at::BFloat16* x, int64_t M, int64_t K, const at::BFloat16* W, int64_t N, int64_t g0, int64_t g1,
+                       at::BFloat16* out_bf16, float* out_f32) {
+  TileConfig cfg = {}; cfg.palette = 1;
+  const int64_t KB = K / 32;
+  int configured = -1;
+  alignas(64) float c[16 * 16];
+  for (int64_t g = g0; g < g1; ++g) {
+    const at::BFloat16* w = W + g * KB * 2048;
+    for (int64_t r0 = 0; r0 < M; r0 += 16) {
+      const int rows = (int)std::min<int64_t>(16, M - r0);
+      if (rows != configured) {                           // tiles 0-3: the group's outputs, 4: x, 5-7: weights
+        for (int t = 0; t < 5; ++t) { cfg.rows[t] = rows; cfg.colsb[t] = 64; }
+        for (int t = 5; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+        _tile_loadconfig(&cfg); configured = rows;
+      }
+      const at::BFloat16* xr = x + r0 * K;
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int64_t kb = 0; kb < KB; ++kb) {
+        const at::BFloat16* wk = w + kb * 2048;
+        _tile_loadd(4, xr + kb * 32, K * 2);
+        _tile_loadd(5, wk, 64); _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, wk + 512, 64); _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, wk + 1024, 64); _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, wk + 1536, 64); _tile_dpbf16ps(3, 4, 5);
+      }
+      for (int t = 0; t < 4; ++t) {
+        const int64_t col = g * 64 + t * 16;
+        if (out_f32) {
+          switch (t) {                                      // a tile's number must be a constant
+            case 0: _tile_stored(0, out_f32 + r0 * N + col, N * 4); break;
+            case 1: _tile_stored(1, out_f32 + r0 * N + col, N * 4); break;
+            case 2: _tile_stored(2, out_f32 + r0 * N + col, N * 4); break;
+            default: _tile_stored(3, out_f32 + r0 * N + col, N * 4);
+          }
+          continue;
+        }
+        switch (t) {
+          case 0: _tile_stored(0, c, 64); break;
+          case 1: _tile_stored(1, c, 64); break;
+          case 2: _tile_stored(2, c, 64); break;
+          default: _tile_stored(3, c, 64);
+        }
+        for (int r = 0; r < rows; ++r)
+          _mm256_storeu_si256((__m256i*)(out_bf16 + (r0 + r) * N + col), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + r * 16)));
+      }
+    }
+  }
+  _tile_release();
+}
+
+// x [M, K] bf16 . W^T with W from `amx_weights` (N = 64 W.size(0), K = 32 W.size(1)): [M, N] in bf16 or float32.
+torch::Tensor amx_linear(torch::Tensor x, torch::Tensor W, bool bf16_out) {
+  TORCH_CHECK(amx_permitted(), "amx_linear: this process may not use AMX tiles");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "amx_linear: x [M, K] bfloat16 contiguous");
+  TORCH_CHECK(W.dim() == 6 && W.is_contiguous() && W.scalar_type() == torch::kBFloat16 && W.size(1) * 32 == x.size(1)
+              && W.size(2) == 4 && W.size(3) == 16 && W.size(4) == 16 && W.size(5) == 2, "amx_linear: W [N/64, K/32, 4, 16, 16, 2] bfloat16 for x's K");
+  const int64_t M = x.size(0), K = x.size(1), N = W.size(0) * 64;
+  auto y = torch::empty({M, N}, x.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
+  if (M == 0) return y;
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>(); const at::BFloat16* wp = W.data_ptr<at::BFloat16>();
+  at::BFloat16* ob = bf16_out ? y.data_ptr<at::BFloat16>() : nullptr; float* of = bf16_out ? nullptr : y.data_ptr<float>();
+  at::parallel_for(0, N / 64, 1, [&](int64_t g0, int64_t g1) { amx_groups(xp, M, K, wp, N, g0, g1, ob, of); });
+  return y;
+}
+'''
+
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #bce16d66
 def _missing_flags() -> list:
     "The CPU features of `DECODE_KERNEL_FLAGS` this machine lacks."
@@ -333,7 +417,7 @@ def _build() -> tuple:
         try:
             import ninja; os.environ['PATH'] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"   # torch looks for ninja on PATH
         except ImportError: pass
-        source = DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP
+        source = DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP
         tag = hashlib.sha1((source + ' '.join(_CFLAGS)).encode()).hexdigest()[:12]
         mod = load_inline(f'clawgym_decode_kernels_{tag}', cpp_sources=source, functions=list(_FUNCTIONS),
                           extra_cflags=list(_CFLAGS), extra_ldflags=['-fopenmp'])
@@ -350,7 +434,7 @@ def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     return _build()[1]
 
 def decode_kernels():
-    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`, `sample_rows`), for a caller that checked `decode_kernels_unavailable`."
+    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`, `sample_rows`, `amx_linear`), for a caller that checked `decode_kernels_unavailable`."
     mod, why = _build()
     if mod is None: raise ClawError(why, field='attention')
     return mod
@@ -358,3 +442,17 @@ def decode_kernels():
 def decode_attention(q, K, V, lens, scale:float, bf16_out:bool=False):
     "Attention of one decoding step: `q` [B, Hkv, G, D] float32, caches `K`, `V` [>= B, Hkv, length, D] bfloat16, row b over positions 0..lens[b]."
     return decode_kernels().decode_attention(q, K, V, lens, float(scale), bf16_out)      # the kernel checks the shapes
+
+@lru_cache(maxsize=None)
+def amx_unavailable() -> str|None:
+    "Why `amx_linear` cannot multiply here (None: it can): the CPU's AMX, the kernels' build, or Linux's permission for the tiles."
+    if missing := [f for f in AMX_FLAGS if f not in cpu_info()['cpu_flags']]: return f'this CPU lacks {", ".join(missing)}'
+    if why := decode_kernels_unavailable(): return why
+    return None if decode_kernels().amx_ready() else 'Linux refused this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)'
+
+def amx_weights(w):
+    "`w` [N, K] as `amx_linear` reads it: bf16 `[N/64, K/32, 4 tiles, 16 input pairs, 16 outputs, 2]` (N a multiple of 64, K of 32)."
+    import torch
+    N, K = w.shape
+    if N % 64 or K % 32: raise ClawError(f'amx_linear takes outputs in 64s and inputs in 32s, not {N} x {K}', field='weights')
+    return w.to(torch.bfloat16).reshape(N // 64, 4, 16, K // 32, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import time
 from ..core.basics import ClawError, cxx_missing
-from .decode_kernels import decode_attention, decode_kernels, decode_kernels_unavailable
+from .decode_kernels import amx_unavailable, amx_weights, decode_attention, decode_kernels, decode_kernels_unavailable
 
 # %% auto #0
 __all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'INT4_OFF_GRID', 'packable', 'int4_grid', 'snap_to_int4_grid',
@@ -89,12 +89,14 @@ class PackedLinear:
                  lora=None):                   # int4 only: `(A, B)` applied beside the rounded W, `x @ A.T @ B.T` (adapters kept unmerged)
         import torch
         self.fmt, self.b, self.lora, w = fmt, b, lora, w.float()
+        self.amx = self.onednn = None
         if fmt == 'fp32': self.w = w.t().contiguous()
         elif fmt == 'int4': self.w, self.sz, self.off_grid = _int4_packed(w)
-        elif fmt == 'bf16':
+        elif fmt == 'bf16':                                       # one copy: AMX tiles' layout, oneDNN's, or the plain one
             w = w.to(torch.bfloat16).contiguous()
-            self.onednn = _onednn_packed(w)
-            self.w = None if self.onednn is not None else w      # one copy: oneDNN's layout, or the plain one where it is missing
+            if w.shape[0] % 64 == 0 and w.shape[1] % 32 == 0 and amx_unavailable() is None: self.amx = amx_weights(w)
+            else: self.onednn = _onednn_packed(w)
+            self.w = None if self.amx is not None or self.onednn is not None else w
         else:
             s = (w.abs().amax(1) / 127).clamp(min=1e-12)
             self.w, self.s = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), s.to(torch.bfloat16)
@@ -103,7 +105,7 @@ class PackedLinear:
         import torch
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         if self.fmt == 'fp32': y = x @ self.w
-        elif self.fmt == 'bf16' and self.onednn is not None: y = self.bf16(x.to(torch.bfloat16)).float()
+        elif self.fmt == 'bf16' and self.w is None: y = self.bf16(x.to(torch.bfloat16).contiguous()).float()
         elif self.fmt == 'bf16': y = (x.to(torch.bfloat16) @ self.w.t()).float()
         elif self.fmt == 'int4': y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16).contiguous(), self.w, INT4_GROUP, self.sz).float()
         else: y = torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.w, self.s).float()
@@ -112,8 +114,9 @@ class PackedLinear:
         return y.reshape(*shape[:-1], y.shape[-1])
 
     def bf16(self, x):
-        "bf16 `x` [rows, in] -> bf16 `x @ W.T` by oneDNN's packed weights, no bias (the fused decoding step's products)."
+        "bf16 `x` [rows, in] (contiguous) -> bf16 `x @ W.T`, no bias, on AMX tiles (agents/03c_decode_kernels) or by oneDNN: the fused step's products."
         import torch
+        if self.amx is not None: return decode_kernels().amx_linear(x, self.amx, True)
         return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, 'none', [], '')
 
 # %% ../../nbs/agents/03b_engine.ipynb #44629694
@@ -227,9 +230,9 @@ class PackedLM(_Forward):
 
     @property
     def fusable(self) -> bool:
-        "Whether `DecodeRows` may fuse this engine's decoding steps: bf16 products by oneDNN, no bias beside q|k|v's, widths in 16s."
+        "Whether `DecodeRows` may fuse this engine's decoding steps: bf16 products on AMX tiles or by oneDNN, no bias beside q|k|v's, widths in 16s."
         prods = [self.head] + [L[k] for L in self.layers for k in ('qkv', 'o', 'gate_up', 'down')]
-        return (self.fmt == 'bf16' and all(getattr(p, 'onednn', None) is not None for p in prods)
+        return (self.fmt == 'bf16' and all(p.w is None for p in prods)
                 and all(L[k].b is None for L in self.layers for k in ('o', 'gate_up', 'down')) and self.head.b is None
                 and self.embed.shape[1] % 16 == 0 and self.model.config.intermediate_size % 16 == 0)
 
