@@ -141,3 +141,23 @@ def test_sample_rows_picks_as_pytorch_would(V):
     assert (freq - p).abs().max().item() < 4 * (p.max().item() / n) ** 0.5 + 1e-3         # within a few standard errors
     assert k.sample_rows(small, torch.full((1,), 0.8), torch.zeros(1))[0].item() == int((p > 0).nonzero()[0])   # u = 0: the first token
     with pytest.raises(RuntimeError, match='temps, u'): k.sample_rows(lg, torch.zeros(4), torch.rand(5))
+
+def test_amx_linear_matches_float32_products():
+    if why := dk.amx_unavailable(): pytest.skip(why)
+    k = dk.decode_kernels()
+    torch.manual_seed(5)
+    w = torch.randn(192, 96)
+    tiles = dk.amx_weights(w)
+    for M in (1, 7, 16, 33):
+        x = torch.randn(M, 96).bfloat16()
+        ref = x.float() @ w.bfloat16().float().t()
+        got32, got16 = k.amx_linear(x, tiles, False), k.amx_linear(x, tiles, True)
+        assert got32.dtype == torch.float32 and got16.dtype == torch.bfloat16 and got32.shape == (M, 192)
+        assert (got32 - ref).abs().max().item() < 1e-3
+        assert torch.equal(got16, got32.bfloat16())                     # bf16 out: the float32 result rounded once
+    with pytest.raises(RuntimeError, match='for x.s K'): k.amx_linear(torch.randn(2, 64).bfloat16(), tiles, True)
+    with pytest.raises(ClawError, match='outputs in 64s'): dk.amx_weights(torch.randn(96, 64))
+    from clawgym_nb.agents.engine import PackedLinear
+    assert PackedLinear(torch.randn(128, 64), None, 'bf16').amx is not None
+    odd = PackedLinear(torch.randn(96, 64), None, 'bf16')                 # not in 64s: oneDNN's layout
+    assert odd.amx is None and (odd.onednn is not None or odd.w is not None)
