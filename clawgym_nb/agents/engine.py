@@ -169,8 +169,8 @@ class _Forward:
 # %% ../../nbs/agents/03b_engine.ipynb #d5717e00
 def _uncompilable(weights:str) -> str|None:
     "Why decoding steps in format `weights` cannot go through torch.compile here (None: they can)."
-    if weights == 'bf16': return ("compiled decoding serves fp32, int8 and int4: inductor cannot lower oneDNN's packed bf16 product "
-                                  "(use the packed engine for bf16)")
+    if weights == 'bf16': return ("compiled decoding serves fp32, int8 and int4: inductor cannot lower the packed bf16 product "
+                                  "(AMX tiles' or oneDNN's; use the packed engine for bf16)")
     if why := cxx_missing(): return f'compiled decoding needs a C++ compiler for inductor ({why}): install build-essential, or use the packed engine'
 
 def _compiled(run):
@@ -268,7 +268,7 @@ class DecodeRows:
     "The keys/values of the rows decoded together, in place: layer i holds `K[i][:B, :, :len]`, rows kept contiguous (a leaving row's place takes the last row)."
     def __init__(self, lm:PackedLM, rows:int=16, length:int=1024,
                  attention:str='auto',      # 'kernel' (agents/03c_decode_kernels), 'sdpa', or 'auto': the kernel where it runs (not in compiled steps)
-                 fuse:bool=True):           # with the kernel and oneDNN's bf16 products: the layers' small operations fused as well
+                 fuse:bool=True):           # with the kernel and packed bf16 products: the layers' small operations fused as well
         if attention not in ('auto', 'kernel', 'sdpa'): raise ClawError(f"unknown attention {attention!r}; use 'auto', 'kernel' or 'sdpa'", field='attention')
         usable = attention != 'sdpa' and not lm.compiled and lm.fmt != 'fp32'     # bf16 keys/values, eager steps
         why = decode_kernels_unavailable(lm.D, lm.H // lm.Hkv) if usable else None
@@ -335,7 +335,7 @@ class DecodeRows:
         return out
 
     def _fused_step(self, tokens:list, lens):
-        "`step`'s logits with each layer as four oneDNN products around the fused kernels of agents/03c_decode_kernels."
+        "`step`'s logits with each layer as four bf16 products (AMX tiles or oneDNN) around the fused kernels of agents/03c_decode_kernels."
         import torch
         lm, k, B = self.lm, decode_kernels(), len(tokens)
         H, Hkv, D, eps = lm.H, lm.Hkv, lm.D, lm.eps

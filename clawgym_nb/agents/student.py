@@ -209,7 +209,8 @@ class _Rows:
         import torch
         t = torch.tensor([r.temperature for r in rs], dtype=torch.float32, device=logits.device)
         if self.g.sampler is not None and logits.device.type == 'cpu':       # one walk per row (agents/03c_decode_kernels)
-            pick, logp = self.g.sampler.sample_rows(logits.float().contiguous(), t, torch.rand(len(rs)))
+            u = torch.rand(len(rs)) if bool((t > 0).any()) else torch.zeros(len(rs))      # greedy rows draw nothing
+            pick, logp = self.g.sampler.sample_rows(logits.float().contiguous(), t, u)
             return list(zip(pick.tolist(), logp.tolist()))
         pick = logits.argmax(-1)
         if (t > 0).any():
