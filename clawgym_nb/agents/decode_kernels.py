@@ -45,6 +45,9 @@ static inline __m512 bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }
 
+// 16 float32 -> 16 bfloat16 at p, rounded to nearest even (as PyTorch rounds).
+static inline void store_bf16(void* p, __m512 x) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(x)); }
+
 // The 16 lane sums of a[0..15] in one vector (lane j: the sum of a[j]), a transpose folded into the additions.
 static inline __m512 sum16x16(const __m512* a) {
   __m512 b[8], c[4];
@@ -112,7 +115,7 @@ static void attend_one(const float* qg, const uint16_t* k, const uint16_t* v, in
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C16; ++c) {
       const __m512 r = _mm512_mul_ps(o[g][c], _mm512_set1_ps(inv[g]));
-      if (out_bf16) _mm256_storeu_si256((__m256i*)(out_bf16 + g * C16 * 16 + c * 16), (__m256i)_mm512_cvtneps_pbh(r));
+      if (out_bf16) store_bf16(out_bf16 + g * C16 * 16 + c * 16, r);
       else _mm512_storeu_ps(out + g * C16 * 16 + c * 16, r);
     }
 }
@@ -165,7 +168,6 @@ DECODE_STEP_CPP = r'''
 #include <cmath>
 
 static inline __m512 load_bf16(const at::BFloat16* p) { return bf16x16(reinterpret_cast<const uint16_t*>(p)); }
-static inline void store_bf16(at::BFloat16* p, __m512 x) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(x)); }
 
 // Each row of x [B, E] (float32, E a multiple of 16), after x += y (bf16, in place) when y is given: rms(x) * w, as bf16.
 torch::Tensor add_rms_bf16(torch::Tensor x, c10::optional<torch::Tensor> y, torch::Tensor w, double eps) {
@@ -380,7 +382,7 @@ static void amx_groups(const at::BFloat16* x, int64_t M, int64_t K, const at::BF
           default: _tile_stored(3, c, 64);
         }
         for (int r = 0; r < rows; ++r)
-          _mm256_storeu_si256((__m256i*)(out_bf16 + (r0 + r) * N + col), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + r * 16)));
+          store_bf16(out_bf16 + (r0 + r) * N + col, _mm512_load_ps(c + r * 16));
       }
     }
   }
