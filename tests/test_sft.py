@@ -99,7 +99,7 @@ def test_packed_row_equals_each_chat_alone(data, tok, tmp_path):
     import torch
     examples, _ = sft_examples(data/'sft.jsonl', tok, 4096)
     tr = make_sft_trainer('tiny', examples, tmp_path/'pf', batch_size=3, max_steps=1, save_steps=100, **FAST)
-    assert tr.padding_free and tr.model.config._attn_implementation == 'sdpa_varlen'
+    assert tr.padding_free and tr.model.config._attn_implementation == tr.attention and tr.attention in ('sdpa_varlen', 'kernel_varlen')
     batch = next(iter(tr.get_train_dataloader()))
     chats = batch_examples(batch)
     assert len(chats) == 3 and batch['input_ids'].shape == (1, sum(len(ids) for ids, _ in chats))
@@ -118,7 +118,7 @@ def test_packed_row_equals_each_chat_alone(data, tok, tmp_path):
         # the check can fail: one causal attention over the whole row lets the later chats see the earlier ones
         model.set_attn_implementation('sdpa')
         leaky = model(input_ids=batch['input_ids']).logits[0]
-        model.set_attn_implementation('sdpa_varlen')
+        model.set_attn_implementation(tr.attention)
     cu = batch['cu_seq_lens_q'].tolist()
     assert torch.allclose(leaky[:cu[1]], packed[0], atol=1e-5)                   # the first chat sees nothing before it anyway
     assert all((leaky[s:e] - got).abs().max() > 1e-2 for s, e, got in zip(cu[1:-1], cu[2:], packed[1:]))

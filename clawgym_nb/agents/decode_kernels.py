@@ -9,8 +9,9 @@ from functools import lru_cache
 from ..core.basics import ClawError, cpu_info, cxx_missing
 
 # %% auto #0
-__all__ = ['DECODE_KERNEL_FLAGS', 'AMX_FLAGS', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP', 'DECODE_SAMPLE_CPP', 'DECODE_AMX_CPP',
-           'decode_kernels_unavailable', 'decode_kernels', 'decode_attention', 'amx_unavailable', 'amx_weights']
+__all__ = ['DECODE_KERNEL_FLAGS', 'AMX_FLAGS', 'KERNEL_BASICS_CPP', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP',
+           'DECODE_SAMPLE_CPP', 'DECODE_AMX_CPP', 'build_kernels', 'decode_kernels_unavailable', 'decode_kernels',
+           'decode_attention', 'amx_unavailable', 'amx_weights']
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #176ff76b
 DECODE_KERNEL_FLAGS = ('avx512f', 'avx512_bf16')      # the CPU features their instructions need (AVX512-BF16 CPUs have AVX512BW too)
@@ -18,8 +19,8 @@ AMX_FLAGS = ('amx_bf16', 'amx_tile')                  # and what amx_linear's ti
 _CFLAGS = ('-O3', '-mavx512f', '-mavx512bw', '-mavx512bf16', '-mfma', '-mamx-tile', '-mamx-bf16', '-fopenmp')
 _FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows', 'amx_linear', 'amx_ready')     # what the source defines for Python
 
-# %% ../../nbs/agents/03c_decode_kernels.ipynb #84d5689b
-DECODE_ATTENTION_CPP = r'''
+# %% ../../nbs/agents/03c_decode_kernels.ipynb #500a2a98
+KERNEL_BASICS_CPP = r'''
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -47,7 +48,10 @@ static inline __m512 bf16x16(const uint16_t* p) {
 
 // 16 float32 -> 16 bfloat16 at p, rounded to nearest even (as PyTorch rounds).
 static inline void store_bf16(void* p, __m512 x) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(x)); }
+'''
 
+# %% ../../nbs/agents/03c_decode_kernels.ipynb #84d5689b
+DECODE_ATTENTION_CPP = r'''
 // The 16 lane sums of a[0..15] in one vector (lane j: the sum of a[j]), a transpose folded into the additions.
 static inline __m512 sum16x16(const __m512* a) {
   __m512 b[8], c[4];
@@ -411,21 +415,22 @@ def _missing_flags() -> list:
     return [f for f in DECODE_KERNEL_FLAGS if f not in cpu_info()['cpu_flags']]
 
 @lru_cache(maxsize=None)
-def _build() -> tuple:
-    "`(compiled module, None)`, or `(None, why it did not build)`; built once per source and flags, cached by torch."
+def build_kernels(name:str, source:str, functions:tuple) -> tuple:
+    "`(compiled module, None)`, or `(None, why it did not build)`: C++ `source` defining `functions`, built once per source and flags, cached by torch."
     if missing := _missing_flags(): return None, f'this CPU lacks {", ".join(missing)}'      # its instructions would not run here
     try:
         from torch.utils.cpp_extension import load_inline
         try:
             import ninja; os.environ['PATH'] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"   # torch looks for ninja on PATH
         except ImportError: pass
-        source = DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP
         tag = hashlib.sha1((source + ' '.join(_CFLAGS)).encode()).hexdigest()[:12]
-        mod = load_inline(f'clawgym_decode_kernels_{tag}', cpp_sources=source, functions=list(_FUNCTIONS),
-                          extra_cflags=list(_CFLAGS), extra_ldflags=['-fopenmp'])
+        mod = load_inline(f'{name}_{tag}', cpp_sources=source, functions=list(functions), extra_cflags=list(_CFLAGS), extra_ldflags=['-fopenmp'])
         return mod, None
     except Exception as e:
-        return None, f'the decoding kernels did not build: {type(e).__name__}: {" ".join(str(e).split())[:300]}'
+        return None, f'the C++ kernels {name} did not build: {type(e).__name__}: {" ".join(str(e).split())[:300]}'
+
+def _build() -> tuple:
+    return build_kernels('clawgym_decode_kernels', KERNEL_BASICS_CPP + DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP, _FUNCTIONS)
 
 def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     "Why the kernels cannot serve heads of `head_dim` with `group` query heads per key/value head here (None: they can; builds them)."

@@ -10,6 +10,7 @@ from ..core.basics import ClawError, atomic_write_json, bf16_default, atomic_wri
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
 from .models import base_rung, load_model, rung_label
+from .train_attention import train_attention_unavailable, varlen_attention
 
 # peft 0.21 and trl read transformers 5's deprecated `is_gradient_checkpointing` alias whenever they wrap a model for
 # LoRA: a FutureWarning about their code, not the caller's, printed at every wrap. (GRPO imports this module too.)
@@ -18,9 +19,10 @@ warnings.filterwarnings('ignore', message='`is_gradient_checkpointing` is deprec
 warnings.filterwarnings('ignore', message='`torch.jit.script_method` is deprecated', category=DeprecationWarning)
 
 # %% auto #0
-__all__ = ['COMPILE_MIN_PARAMS', 'sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss', 'WeightedCollator',
-           'varlen_sdpa_attention', 'use_varlen_attention', 'batch_examples', 'compile_decoder_layers',
-           'make_sft_trainer', 'train_sft', 'loss_token_report', 'train_sft_isolated', 'gemm_gflops', 'sft_throughput']
+__all__ = ['VARLEN_ATTENTIONS', 'COMPILE_MIN_PARAMS', 'sft_examples', 'loss_csv', 'save_model', 'assistant_token_loss',
+           'WeightedCollator', 'varlen_sdpa_attention', 'varlen_kernel_attention', 'use_varlen_attention',
+           'batch_examples', 'compile_decoder_layers', 'make_sft_trainer', 'train_sft', 'loss_token_report',
+           'train_sft_isolated', 'gemm_gflops', 'sft_throughput']
 
 # %% ../../nbs/agents/05_sft.ipynb #f1d5d183
 def sft_examples(data:str|Path|list,        # SFT JSONL from `write_sft_dataset`, or its records
@@ -117,34 +119,51 @@ class WeightedCollator:
 # %% ../../nbs/agents/05_sft.ipynb #8914130e
 _VARLEN = {}   # the per-chat attention as called from compiled layers (a graph break: `.tolist()` of the boundaries every step)
 
-def _segment_attention(query, key, value, cu_seq_lens, dropout:float, scaling):
-    "Causal SDPA on each packed chat of a `(1, heads, length, dim)` row; the result as `(1, length, heads, dim)`."
+def _segment_attention(query, key, value, cu_seq_lens, dropout:float, scaling, kernel:bool=False):
+    "Causal attention inside each packed chat of a `(1, heads, length, dim)` row, as `(1, length, heads, dim)`: the training kernels (`kernel`, bf16 on CPU), else SDPA per chat."
     import torch, torch.nn.functional as F
-    lens, dev = cu_seq_lens.diff().tolist(), query.device.type
+    dev = query.device.type
     if torch.is_autocast_enabled(dev):                # cast once before the split (SDPA would cast each piece, and back)
         query, key, value = (t.to(torch.get_autocast_dtype(dev)) for t in (query, key, value))
+    if kernel and not dropout and dev == 'cpu' and query.dtype == torch.bfloat16:
+        return varlen_attention(query, key, value, cu_seq_lens, scaling)
+    lens = cu_seq_lens.diff().tolist()
     outs = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=True)
             for q, k, v in zip(query.split(lens, 2), key.split(lens, 2), value.split(lens, 2))]
     return torch.cat(outs, 2).transpose(1, 2).contiguous()
 
-def varlen_sdpa_attention(module, query, key, value, attention_mask, dropout:float=0.0, scaling=None, is_causal=None, **kw):
-    "transformers attention function: per-chat causal SDPA on a padding-free row (trl's `cu_seq_lens_q`), else transformers' SDPA."
+def _varlen_attention(module, query, key, value, attention_mask, dropout:float=0.0, scaling=None, is_causal=None, kernel:bool=False, **kw):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     cu = kw.get('cu_seq_lens_q')
     if cu is None or query.shape[0] != 1 or query.shape[2] != key.shape[2]:   # a padded batch, or a cache: the mask decides
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kw)
-    return _VARLEN.get('segments', _segment_attention)(query, key, value, cu, dropout, scaling), None
+    return _VARLEN.get('segments', _segment_attention)(query, key, value, cu, dropout, scaling, kernel), None
 
-def use_varlen_attention(model) -> bool:
-    "Register `sdpa_varlen` with transformers and switch `model` to it from `sdpa` (a flash-attention model keeps its own varlen kernel)."
+def varlen_sdpa_attention(module, query, key, value, attention_mask, **kw):
+    "transformers attention function: per-chat causal SDPA on a padding-free row (trl's `cu_seq_lens_q`), else transformers' SDPA."
+    return _varlen_attention(module, query, key, value, attention_mask, **kw)
+
+def varlen_kernel_attention(module, query, key, value, attention_mask, **kw):
+    "The same with the training attention kernels of `agents/03d_train_attention` where the row is bf16 on a CPU."
+    return _varlen_attention(module, query, key, value, attention_mask, kernel=True, **kw)
+
+VARLEN_ATTENTIONS = {'sdpa_varlen': varlen_sdpa_attention, 'kernel_varlen': varlen_kernel_attention}
+
+def use_varlen_attention(model, kernel:bool|None=None) -> str|None:
+    "Switch `model` from `sdpa` to a padding-free attention: `kernel_varlen` (`kernel`; None: where the kernels run) or `sdpa_varlen`; its name, or None (a flash-attention model keeps its own varlen kernel)."
     import torch
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     _VARLEN.setdefault('segments', torch.compiler.disable(_segment_attention))
-    AttentionInterface.register('sdpa_varlen', varlen_sdpa_attention)
-    AttentionMaskInterface.register('sdpa_varlen', sdpa_mask)    # the fallback gets transformers' SDPA masks
-    if model.config._attn_implementation != 'sdpa': return False
-    model.set_attn_implementation('sdpa_varlen'); return True
+    for name, fn in VARLEN_ATTENTIONS.items():
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)      # the fallback gets transformers' SDPA masks
+    if model.config._attn_implementation not in ('sdpa', *VARLEN_ATTENTIONS): return None
+    if kernel is None:
+        cfg = model.config
+        kernel = model.device.type == 'cpu' and not train_attention_unavailable(getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads)
+    name = 'kernel_varlen' if kernel else 'sdpa_varlen'
+    model.set_attn_implementation(name); return name
 
 # %% ../../nbs/agents/05_sft.ipynb #35bdbdba
 def batch_examples(batch:dict) -> list[tuple[list, list]]:
@@ -175,6 +194,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
                      seed:int=0, bf16:bool|None=None, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
                      device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None,
                      padding_free:bool=True,            # the batch's chats in one row, no padding (batch size 1: no padding anyway)
+                     attention_kernel:bool|None=None,   # padding-free rows through agents/03d's kernels (None: where they run)
                      compile_layers:bool|None=None):    # None: on CPU for models of at least COMPILE_MIN_PARAMS parameters
     "A configured trl `SFTTrainer` (assistant-only loss) for `examples` on `model_spec`; see `train_sft`."
     from datasets import Dataset
@@ -185,7 +205,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
     if not examples: raise ClawError('no training examples', field='data')
     tok, model = load_model(model_spec, device=device, yarn_factor=yarn_factor)
     padding_free = padding_free and batch_size > 1
-    if padding_free: use_varlen_attention(model)
+    attention = use_varlen_attention(model, attention_kernel) if padding_free else None
     cfg = SFTConfig(output_dir=str(Path(out_dir)/'checkpoints'), assistant_only_loss=True, max_length=None if padding_free else max_length,
                     per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum, learning_rate=lr,
                     num_train_epochs=epochs, max_steps=max_steps, lr_scheduler_type=scheduler, warmup_steps=warmup_steps,
@@ -206,6 +226,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
         trainer._signature_columns = ['input_ids', 'labels', 'seq_lengths', 'weight']   # the weight column survives to the collator
         trainer.data_collator = WeightedCollator(trainer.data_collator)
     trainer.weighted, trainer.padding_free, trainer.compiled_layers = weighted, padding_free, compile_decoder_layers(trainer.model) if compile_layers else 0
+    trainer.attention = attention or model.config._attn_implementation
     from transformers.trainer_callback import PrinterCallback
     trainer.remove_callback(PrinterCallback)        # the loss goes to loss.csv, not one dict per step on stdout
     return trainer
@@ -261,7 +282,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
            'bf16': bf16, 'yarn_factor': yarn_factor, 'first_loss': losses[0] if losses else None, 'last_loss': losses[-1] if losses else None,
            'train_wall_s': round(wall, 1), 'train_runtime_s': round(res.metrics.get('train_runtime', wall), 1),
            'input_tokens_seen': ntok, 'resumed_from': resume,
-           'padding_free': trainer.padding_free, 'compiled_layers': trainer.compiled_layers, 'weighted': trainer.weighted}
+           'padding_free': trainer.padding_free, 'attention': trainer.attention, 'compiled_layers': trainer.compiled_layers, 'weighted': trainer.weighted}
     atomic_write_json(out/'sft.json', rec)
     log(f"sft: {rec['kept']} examples, {rec['steps']} steps, loss {rec['first_loss']:.3f} -> {rec['last_loss']:.3f}, {wall:.0f} s -> {out/'model'}")
     return rec
@@ -346,7 +367,7 @@ def sft_throughput(model_spec:str, examples:list, steps:int=4, batch_size:int=4,
     for a, tr in trainers.items():
         res[f'{a}_tokens_per_s'] = round(timed / sum(secs[a]), 1)
         res[f'{a}_roofline_share'] = round(res[f'{a}_tokens_per_s'] / res['roofline_tokens_per_s'], 3)
-        res[f'{a}_compiled_layers'] = tr.compiled_layers
+        res[f'{a}_compiled_layers'], res[f'{a}_attention'] = tr.compiled_layers, tr.attention
     if {'padded', 'padding_free'} <= trainers.keys():
         res['speedup'] = round(res['padding_free_tokens_per_s'] / res['padded_tokens_per_s'], 3)
         res['speedup_by_round'] = [round(p / f, 3) for p, f in zip(secs['padded'], secs['padding_free'])]   # the spread is the noise
