@@ -47,9 +47,11 @@ def test_through_the_proxy_with_versions_and_a_swap(student, tmp_path):
 def test_swap_waits_for_turns_in_flight(student, tmp_path):
     net = trainee(); net.save_pretrained(tmp_path/'ad')
     old, out = student.version, {}
-    th = threading.Thread(target=lambda: out.update(r=student(MSGS, [], request={'max_tokens': 400, 'temperature': 0.0})))
-    th.start(); time.sleep(0.3)                                             # the turn is decoding
-    assert student._active == 1
+    th = threading.Thread(target=lambda: out.update(r=student(MSGS, [], request={'max_tokens': 1500, 'temperature': 0.0})))
+    th.start()
+    deadline = time.time() + 30
+    while student._active == 0 and 'r' not in out and time.time() < deadline: time.sleep(0.002)   # until the turn is decoding
+    assert student._active == 1, 'the turn ended before the swap was asked for'
     rec = student.load_weights({'path': str(tmp_path/'ad'), 'version': old + 1})
     th.join()
     assert out['r']['weight_version'] == old and rec['wait_s'] > 0 and student.version == old + 1   # it waited, the turn kept its weights

@@ -156,8 +156,9 @@ class _Forward:
         n = cached[0][0].shape[1] if cached else 0
         T = len(ids); kept = []
         mask = None if not n else torch.arange(n + T)[None] <= (n + torch.arange(T))[:, None]
+        kv = self.kv_dtype
         def attend(i, q, k, v):
-            K, V = k.transpose(0, 1), v.transpose(0, 1)                       # [Hkv, T, D]
+            K, V = (t.transpose(0, 1).to(kv).to(t.dtype) for t in (k, v))      # [Hkv, T, D], rounded as the cache keeps them
             if n: K, V = torch.cat([cached[i][0].to(K.dtype), K], 1), torch.cat([cached[i][1].to(V.dtype), V], 1)   # a cache may be bf16
             kept.append((K, V))
             o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], K[None], V[None], attn_mask=mask, is_causal=not n, enable_gqa=True)
