@@ -98,3 +98,15 @@ def test_sft_on_the_kernels_follows_sdpa(tmp_path):
         assert tr.attention == ('kernel_varlen' if kernel else 'sdpa_varlen')
         tr.train(); logs[kernel] = [x for h in tr.state.log_history if 'loss' in h for x in (h['loss'], h['grad_norm'])]
     assert len(logs[True]) == 4 and logs[True] == pytest.approx(logs[False], rel=0.03), logs
+
+
+def test_asking_for_the_kernels_where_they_cannot_run(monkeypatch):
+    "attention_kernel=True where the kernels cannot run is a one-line error naming the field; left to choose, SFT takes per-chat SDPA."
+    import clawgym_nb.agents.sft as sft
+    from clawgym_nb.agents.models import load_model
+    monkeypatch.setattr(sft, 'train_attention_unavailable', lambda head_dim: 'this CPU lacks avx512_bf16')
+    model = load_model('tiny')[1]
+    with pytest.raises(ClawError, match='were asked for, but this CPU lacks avx512_bf16') as e:
+        sft.use_varlen_attention(model, True)
+    assert e.value.field == 'attention_kernel'
+    assert sft.use_varlen_attention(model) == 'sdpa_varlen' and model.config._attn_implementation == 'sdpa_varlen'

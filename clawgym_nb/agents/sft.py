@@ -159,9 +159,10 @@ def use_varlen_attention(model, kernel:bool|None=None) -> str|None:
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)      # the fallback gets transformers' SDPA masks
     if model.config._attn_implementation not in ('sdpa', *VARLEN_ATTENTIONS): return None
-    if kernel is None:
-        cfg = model.config
-        kernel = model.device.type == 'cpu' and not train_attention_unavailable(getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads)
+    cfg = model.config
+    why = None if kernel is False else train_attention_unavailable(getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads)
+    if kernel and why: raise ClawError(f'the training attention kernels were asked for, but {why}', field='attention_kernel')
+    if kernel is None: kernel = model.device.type == 'cpu' and why is None
     name = 'kernel_varlen' if kernel else 'sdpa_varlen'
     model.set_attn_implementation(name); return name
 
