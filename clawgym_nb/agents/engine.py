@@ -6,6 +6,7 @@
 from __future__ import annotations
 import time
 from ..core.basics import ClawError, cxx_missing
+from .models import head_dim
 from .decode_kernels import amx_unavailable, amx_weights, decode_attention, decode_kernels, decode_kernels_unavailable
 
 # %% auto #0
@@ -223,7 +224,7 @@ class PackedLM(_Forward):
         if compiled and (why := _uncompilable(weights)): raise ClawError(why, field='compiled')
         self.model, self.fmt, self.eps = model, weights, cfg.rms_norm_eps
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, 'head_dim', None) or cfg.hidden_size // self.H
+        self.D = head_dim(cfg)
         self._int4 = {}                        # int4: each product's packed base weights, kept while they do not change
         self.refresh()
         self.compiled = compiled

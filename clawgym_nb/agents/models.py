@@ -13,7 +13,8 @@ from ..syndata.synth import synthesize
 from ..env.tasks import load_tasks
 
 # %% auto #0
-__all__ = ['RUNGS', 'cache_root', 'base_rung', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model']
+__all__ = ['RUNGS', 'cache_root', 'base_rung', 'rung_label', 'small_model_dir', 'tiny_model_dir', 'resolve_model', 'load_model',
+           'head_dim']
 
 # %% ../../nbs/agents/03_models.ipynb #48e2f14b
 RUNGS = {
@@ -119,3 +120,8 @@ def load_model(spec:str,                     # Rung name or model folder
                         file=where, field='model') from None
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok, model.eval()
+
+# %% ../../nbs/agents/03_models.ipynb #032bcecf
+def head_dim(config) -> int:
+    "A transformers decoder config's attention head size: its `head_dim`, else the hidden size over the heads (Llama's convention)."
+    return getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.basics import ClawError, atomic_write_json, bf16_default, atomic_write_text, cxx_missing, read_jsonl, replace_dir, require_same
 from .filtering import load_trajectories, write_sft_dataset
 from .student import student_messages
-from .models import base_rung, load_model, rung_label
+from .models import base_rung, head_dim, load_model, rung_label
 from .train_attention import train_attention_unavailable, varlen_attention
 
 # peft 0.21 and trl read transformers 5's deprecated `is_gradient_checkpointing` alias whenever they wrap a model for
@@ -159,8 +159,7 @@ def use_varlen_attention(model, kernel:bool|None=None) -> str|None:
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)      # the fallback gets transformers' SDPA masks
     if model.config._attn_implementation not in ('sdpa', *VARLEN_ATTENTIONS): return None
-    cfg = model.config
-    why = None if kernel is False else train_attention_unavailable(getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads)
+    why = None if kernel is False else train_attention_unavailable(head_dim(model.config))
     if kernel and why: raise ClawError(f'the training attention kernels were asked for, but {why}', field='attention_kernel')
     if kernel is None: kernel = model.device.type == 'cpu' and why is None
     name = 'kernel_varlen' if kernel else 'sdpa_varlen'

@@ -274,6 +274,7 @@ _FUNCTIONS = ('varlen_attention_fwd', 'varlen_attention_bwd')
 def _build() -> tuple:
     return build_kernels('clawgym_train_attention', KERNEL_BASICS_CPP + TRAIN_PRODUCTS_CPP + TRAIN_ATTENTION_CPP, _FUNCTIONS)
 
+@lru_cache(maxsize=None)
 def train_attention_unavailable(head_dim:int=64) -> str|None:
     "Why the kernels cannot train attention heads of `head_dim` here (None: they can; builds them)."
     if head_dim % 64: return f'head dim {head_dim}: the kernels take head dims in 64s'
