@@ -66,6 +66,17 @@ def test_the_attention_stays_inside_each_chat():
     assert not torch.equal(a[0][:, :70], b[0][:, :70])
 
 
+def test_rows_outside_the_chats_are_zero():
+    "Boundaries that stop short of the row (a padded tail): those rows' output and gradients are 0, the chats' as without the tail."
+    _needs_kernels()
+    q, k, v, dout, _ = _row([70, 90, 30], 4, 2, 64)
+    short = torch.tensor([0, 70, 160])
+    got = _out_and_grads(lambda x, y, z: varlen_attention(x, y, z, short), q, k, v, dout)
+    assert all((g[:, 160:] if i == 0 else g[:, :, 160:]).abs().max() == 0 for i, g in enumerate(got))
+    head = [t[:, :, :160].detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = _out_and_grads(lambda x, y, z: varlen_attention(x, y, z, short), *head, dout[:, :160])
+    assert torch.equal(got[0][:, :160], ref[0]) and all(torch.equal(g[:, :, :160], r) for g, r in zip(got[1:], ref[1:]))
+
 def test_inputs_the_kernels_do_not_take():
     "A head dim outside 64s is a one-line ClawError naming the field; float32 inputs and a dout of the wrong shape are refused."
     with pytest.raises(ClawError, match='head dim 32') as e:

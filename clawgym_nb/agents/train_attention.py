@@ -82,12 +82,12 @@ static void run_tasks(int64_t n, int64_t T, const F& f) {
 static int64_t parts(int64_t n) { return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n)); }
 
 struct Segs {            // chats of one packed row: starts, lengths, and offsets of their 64-padded packed rows
-  std::vector<int64_t> start, len, off64; int64_t total64 = 0;
+  std::vector<int64_t> start, len, off64; int64_t total64 = 0, rows = 0;   // rows: how many the chats cover
   explicit Segs(const torch::Tensor& cu) {
     auto c = cu.to(torch::kLong).contiguous(); const int64_t* p = c.data_ptr<int64_t>();
     for (int64_t s = 0; s + 1 < c.numel(); ++s) {
       const int64_t n = p[s + 1] - p[s]; if (n <= 0) continue;
-      start.push_back(p[s]); len.push_back(n); off64.push_back(total64); total64 += (n + 63) / 64 * 64;
+      start.push_back(p[s]); len.push_back(n); off64.push_back(total64); total64 += (n + 63) / 64 * 64; rows += n;
     }
   }
 };
@@ -113,8 +113,8 @@ std::vector<torch::Tensor> varlen_attention_fwd(torch::Tensor q, torch::Tensor k
   const int64_t D = q.size(3);
   const int64_t Hq = q.size(1), Hkv = k.size(1), G = Hq / Hkv, L = q.size(2);
   const Segs sg(cu);
-  auto out = torch::zeros({1, L, Hq, D}, q.options());
-  auto lse = torch::zeros({Hq, L}, q.options().dtype(torch::kFloat));
+  auto out = sg.rows == L ? torch::empty({1, L, Hq, D}, q.options()) : torch::zeros({1, L, Hq, D}, q.options());   // rows outside the chats: 0
+  auto lse = torch::empty({Hq, L}, q.options().dtype(torch::kFloat));
   auto kt = torch::empty({Hkv, sg.total64 * D}, q.options()), vn = torch::empty({Hkv, sg.total64 * D}, q.options());
   const int64_t nseg = sg.len.size();
   run_tasks(nseg * Hkv, parts(nseg * Hkv), [&](int64_t i, int64_t) {            // K and V of each chat and head, packed for the products
@@ -163,7 +163,8 @@ std::vector<torch::Tensor> varlen_attention_fwd(torch::Tensor q, torch::Tensor k
 
 // The gradients of `varlen_attention_fwd` for dout [1, L, Hq, D] (head dim contiguous): dq, dk, dv shaped and strided
 // like q, k, v. One task per (chat, key/value head, block of 64 keys) holds that block's dk, dv; dq gathers in one
-// float32 buffer per part of the task list (one part a thread), summed at the end.
+// float32 buffer per part of the task list (one part a thread): a part's first product into a block stores, later ones
+// add, and the end sums only the parts that wrote the block (nothing is zeroed first).
 std::vector<torch::Tensor> varlen_attention_bwd(torch::Tensor dout, torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor out,
                                                 torch::Tensor lse, torch::Tensor cu, double scale) {
   check_qkv(q, k, v);
@@ -177,7 +178,7 @@ std::vector<torch::Tensor> varlen_attention_bwd(torch::Tensor dout, torch::Tenso
   const int64_t nseg = sg.len.size(), P64 = sg.total64 * D;
   auto kt = torch::empty({Hkv, P64}, q.options()), kn = torch::empty({Hkv, P64}, q.options()), vt = torch::empty({Hkv, P64}, q.options());
   auto qn = torch::empty({Hq, P64}, q.options()), don = torch::empty({Hq, P64}, q.options());
-  auto Di = torch::zeros({Hq, L}, lse.options());
+  auto Di = torch::empty({Hq, L}, lse.options());
   const int64_t so = dout.stride(1), sh = dout.stride(2);
   run_tasks(nseg * Hq, parts(nseg * Hq), [&](int64_t i, int64_t) {            // packed operands, and D_i = rowsum(dout * out)
     const int64_t s = i / Hq, h = i % Hq, n = sg.len[s], n64 = (n + 63) / 64 * 64, at = sg.off64[s] * D;
@@ -199,12 +200,15 @@ std::vector<torch::Tensor> varlen_attention_bwd(torch::Tensor dout, torch::Tenso
       di[r] = _mm512_reduce_add_ps(a);
     }
   });
-  auto dq = torch::zeros_like(q), dk = torch::zeros_like(k), dv = torch::zeros_like(v);
+  auto dq = torch::empty_like(q);                             // every row is written below
+  auto dk = sg.rows == L ? torch::empty_like(k) : torch::zeros_like(k), dv = sg.rows == L ? torch::empty_like(v) : torch::zeros_like(v);
   std::vector<std::array<int64_t, 3>> tasks;               // (chat, kv head, key block), the blocks with most query rows first
   for (int64_t s = 0; s < nseg; ++s) for (int64_t h = 0; h < Hkv; ++h) for (int64_t b = 0; b * BK < sg.len[s]; ++b) tasks.push_back({s, h, b});
   std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) { return sg.len[a[0]] - a[2] * BK > sg.len[b[0]] - b[2] * BK; });
   const int64_t T = parts(tasks.size());
-  auto dqf = torch::zeros({T, Hq, L, D}, lse.options());
+  auto dqf = torch::empty({T, Hq, L, D}, lse.options());     // dq's sums per part: a block's first product stores, later ones add
+  const int64_t NB = sg.total64 / 64;                         // query blocks of all chats (block of row i: off64 / 64 + (i - start) / 64)
+  std::vector<uint8_t> wrote(T * Hq * NB, 0);
   const float sc = (float)scale;
   const float* lp = lse.data_ptr<float>(); const float* dip = Di.data_ptr<float>();
   run_tasks(tasks.size(), T, [&](int64_t ti, int64_t tid) {
@@ -244,7 +248,8 @@ std::vector<torch::Tensor> varlen_attention_bwd(torch::Tensor dout, torch::Tenso
         }
         gemm(D, BK, M2, u16(don) + h * P64 + at + i0, n64, Pp.data(), BK, dVt.data(), BK, true);    // dV^T += dO^T P
         gemm(D, BK, M2, u16(qn) + h * P64 + at + i0, n64, dSp.data(), BK, dKt.data(), BK, true);    // dK^T += Q^T dS
-        gemm(M, D, BK, dS.data(), BK, u16(kn) + hk * P64 + at + j0 * D, D, dqt + (h * L + sg.start[s] + i0) * D, D, true);   // dQ += dS K
+        uint8_t& w = wrote[(tid * Hq + h) * NB + sg.off64[s] / 64 + i0 / 64];
+        gemm(M, D, BK, dS.data(), BK, u16(kn) + hk * P64 + at + j0 * D, D, dqt + (h * L + sg.start[s] + i0) * D, D, w); w = 1;   // dQ (+)= dS K
       }
     }
     for (int64_t r = 0; r < NK; ++r)
@@ -253,13 +258,16 @@ std::vector<torch::Tensor> varlen_attention_bwd(torch::Tensor dout, torch::Tenso
         u16m(dv)[hk * dv.stride(1) + (sg.start[s] + j0 + r) * dv.stride(2) + d] = c10::bit_cast<uint16_t>(at::BFloat16(dVt[d * BK + r]));
       }
   });
-  at::parallel_for(0, Hq * L, 64, [&](int64_t a, int64_t e) {   // dq: the threads' sums
+  std::vector<int64_t> blk(L, -1);                            // each row's query block (-1: in no chat, its dq 0)
+  for (int64_t s = 0; s < nseg; ++s) for (int64_t r = 0; r < sg.len[s]; ++r) blk[sg.start[s] + r] = sg.off64[s] / 64 + r / 64;
+  at::parallel_for(0, Hq * L, 64, [&](int64_t a, int64_t e) {   // dq: the parts' sums
     const float* base = dqf.data_ptr<float>();
     for (int64_t x = a; x < e; ++x) {
-      const int64_t h = x / L, i = x % L;
+      const int64_t h = x / L, i = x % L, bi = blk[i];
       for (int64_t d = 0; d < D; d += 16) {
         __m512 acc = _mm512_setzero_ps();
-        for (int64_t t = 0; t < T; ++t) acc = _mm512_add_ps(acc, _mm512_loadu_ps(base + ((t * Hq + h) * L + i) * D + d));
+        for (int64_t t = 0; t < T; ++t)
+          if (bi >= 0 && wrote[(t * Hq + h) * NB + bi]) acc = _mm512_add_ps(acc, _mm512_loadu_ps(base + ((t * Hq + h) * L + i) * D + d));
         store_bf16(u16m(dq) + h * dq.stride(1) + i * dq.stride(2) + d, acc);
       }
     }
