@@ -77,6 +77,7 @@ def test_rows_outside_the_chats_are_zero():
     ref = _out_and_grads(lambda x, y, z: varlen_attention(x, y, z, short), *head, dout[:, :160])
     assert torch.equal(got[0][:, :160], ref[0]) and all(torch.equal(g[:, :, :160], r) for g, r in zip(got[1:], ref[1:]))
 
+
 def test_inputs_the_kernels_do_not_take():
     "A head dim outside 64s is a one-line ClawError naming the field; float32 inputs and a dout of the wrong shape are refused."
     with pytest.raises(ClawError, match='head dim 32') as e:
