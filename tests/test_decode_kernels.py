@@ -2,7 +2,7 @@
 import pytest, torch
 from clawgym_nb.core.basics import ClawError
 from clawgym_nb.agents import decode_kernels as dk
-from clawgym_nb.agents.engine import PackedLM, DecodeRows
+from clawgym_nb.agents.engine import PackedLM, DecodeRows, snap_to_int4_grid
 from clawgym_nb.agents.models import load_model
 
 F = torch.nn.functional
@@ -100,11 +100,13 @@ def test_fused_operations_match_pytorch():
     with pytest.raises(RuntimeError, match='multiple of 16'):
         k.add_rms_bf16(torch.randn(2, 24), None, torch.ones(24), eps)
 
-def test_fused_steps_match_unfused_kernel_steps():
+@pytest.mark.parametrize('fmt', ['bf16', 'int8', 'int4'])
+def test_fused_steps_match_unfused_kernel_steps(fmt):
     tok, model = load_model('tiny')                          # Qwen3: per-head q and k norms go through rope_to_cache
-    lm = PackedLM(model, 'bf16')
+    if fmt == 'int4': snap_to_int4_grid(model)               # int4 serves weights on its grid only
+    lm = PackedLM(model, fmt)
     _needs_kernel(lm.D, lm.H // lm.Hkv)
-    assert lm.fusable and not PackedLM(model, 'fp32').fusable and not PackedLM(model, 'int8').fusable
+    assert lm.fusable and not PackedLM(model, 'fp32').fusable
     _, kv = lm.prefill(list(range(3, 120)))
     logits, caches = {}, {}
     for fuse in (False, True):
@@ -161,3 +163,25 @@ def test_amx_linear_matches_float32_products():
     assert PackedLinear(torch.randn(128, 64), None, 'bf16').amx is not None
     odd = PackedLinear(torch.randn(96, 64), None, 'bf16')                 # not in 64s: oneDNN's layout
     assert odd.amx is None and (odd.onednn is not None or odd.w is not None)
+
+
+def test_pair_linear_matches_float32_products():
+    _needs_kernel()
+    k = dk.decode_kernels()
+    torch.manual_seed(6)
+    w = torch.randn(192, 98)                                              # 49 input pairs: an odd count
+    pairs = dk.pair_weights(w)
+    assert pairs.shape == (3, 49, 64, 2) and torch.equal(pairs[1, 5, 7], w[64 + 7, 10:12].bfloat16())
+    for M in (1, 2, 3, 4, 5, 6, 7, 13, 33):                               # every row block of six, and the one-row path
+        x = torch.randn(M, 98).bfloat16()
+        ref = x.float() @ w.bfloat16().float().t()
+        got32, got16 = k.pair_linear(x, pairs, False), k.pair_linear(x, pairs, True)
+        assert got32.dtype == torch.float32 and got16.dtype == torch.bfloat16 and got32.shape == (M, 192)
+        assert (got32 - ref).abs().max().item() < 1e-3
+        assert torch.equal(got16, got32.bfloat16())                     # bf16 out: the float32 result rounded once
+    assert k.pair_linear(torch.zeros(0, 98).bfloat16(), pairs, True).shape == (0, 192)
+    with pytest.raises(RuntimeError, match='for x.s K'): k.pair_linear(torch.randn(2, 96).bfloat16(), pairs, True)
+    with pytest.raises(ClawError, match='outputs in 64s'): dk.pair_weights(torch.randn(96, 64))
+    from clawgym_nb.agents.engine import PackedLinear
+    lin = PackedLinear(torch.randn(128, 64), None, 'bf16')               # AMX tiles where the CPU has them, else pairs
+    assert (lin.amx is not None) == (dk.amx_unavailable() is None) and (lin.pairs is not None) == (lin.amx is None)

@@ -98,6 +98,7 @@ def test_int4_keeps_lora_adapters_apart_and_refresh_serves_them(gen, on_grid):
     assert exact.abs().mean() > 0.05 and torch.nn.functional.cosine_similarity(exact, rounded, 0) > 0.9
     lm = PackedLM(net, 'int4'); before, before_exact = lm.prefill(ids)[0], PackedLM(net, 'fp32').prefill(ids)[0]
     assert lm.layers[0]['qkv'].lora[0].shape[0] == 3 * 4 and lm.head.fmt == 'int8'   # q|k|v adapters stacked; the head at 8 bits
+    assert not lm.fusable                                  # adapters beside the int4 products: decoding steps stay unfused
     with torch.no_grad():
         for n, p in net.named_parameters():
             if 'lora_B' in n: p.mul_(2.0)                                          # an optimizer step on the adapters

@@ -10,14 +10,14 @@ from ..core.basics import ClawError, cpu_info, cxx_missing
 
 # %% auto #0
 __all__ = ['DECODE_KERNEL_FLAGS', 'AMX_FLAGS', 'KERNEL_BASICS_CPP', 'DECODE_ATTENTION_CPP', 'DECODE_STEP_CPP',
-           'DECODE_SAMPLE_CPP', 'DECODE_AMX_CPP', 'build_kernels', 'decode_kernels_unavailable', 'decode_kernels',
-           'decode_attention', 'amx_unavailable', 'amx_weights']
+           'DECODE_SAMPLE_CPP', 'DECODE_AMX_CPP', 'DECODE_PAIR_CPP', 'build_kernels', 'decode_kernels_unavailable',
+           'decode_kernels', 'decode_attention', 'amx_unavailable', 'amx_weights', 'pair_weights']
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #176ff76b
 DECODE_KERNEL_FLAGS = ('avx512f', 'avx512_bf16')      # the CPU features their instructions need (AVX512-BF16 CPUs have AVX512BW too)
 AMX_FLAGS = ('amx_bf16', 'amx_tile')                  # and what amx_linear's tiles need besides
 _CFLAGS = ('-O3', '-mavx512f', '-mavx512bw', '-mavx512bf16', '-mfma', '-mamx-tile', '-mamx-bf16', '-fopenmp')
-_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows', 'amx_linear', 'amx_ready')     # what the source defines for Python
+_FUNCTIONS = ('decode_attention', 'add_rms_bf16', 'silu_mul_bf16', 'rope_to_cache', 'sample_rows', 'amx_linear', 'amx_ready', 'pair_linear')     # what the source defines for Python
 
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #500a2a98
 KERNEL_BASICS_CPP = r'''
@@ -409,6 +409,70 @@ torch::Tensor amx_linear(torch::Tensor x, torch::Tensor W, bool bf16_out) {
 }
 '''
 
+# %% ../../nbs/agents/03c_decode_kernels.ipynb #pair_cpp
+DECODE_PAIR_CPP = r'''
+// R rows of x . W^T into one group of 64 outputs (columns col..col+63 of y), W's group laid out [K/2 pairs][64 outputs][2]
+// (`pair_weights`): one sequential stream, each 64-byte line (16 outputs x one input pair) loaded once for all R rows.
+template <int R>
+static inline void pair_rows(const at::BFloat16* x, int64_t K, const at::BFloat16* w, at::BFloat16* out_bf16, float* out_f32,
+                             int64_t N, int64_t col) {
+  constexpr int S = R == 1 ? 2 : 1;                   // one row: even and odd pairs summed apart, 8 products in flight
+  __m512 acc[S][R][4];
+  for (int s = 0; s < S; ++s) for (int r = 0; r < R; ++r) for (int t = 0; t < 4; ++t) acc[s][r][t] = _mm512_setzero_ps();
+  const __m512i* wv = reinterpret_cast<const __m512i*>(w);
+  const int64_t pairs = K / 2;
+#pragma GCC unroll 2
+  for (int64_t j = 0; j < pairs; ++j) {
+    const __m512i* wj = wv + j * 4;
+    for (int t = 0; t < 4; ++t) _mm_prefetch(reinterpret_cast<const char*>(wj + 128 + t), _MM_HINT_T0);    // 32 pairs (8 KB) ahead
+    const int s = S == 1 ? 0 : int(j & 1);
+    const __m512bh w0 = (__m512bh)_mm512_load_si512(wj), w1 = (__m512bh)_mm512_load_si512(wj + 1),
+                   w2 = (__m512bh)_mm512_load_si512(wj + 2), w3 = (__m512bh)_mm512_load_si512(wj + 3);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(reinterpret_cast<const int32_t*>(x + r * K)[j]);   // the row's input pair, 16 times
+      acc[s][r][0] = _mm512_dpbf16_ps(acc[s][r][0], w0, xb); acc[s][r][1] = _mm512_dpbf16_ps(acc[s][r][1], w1, xb);
+      acc[s][r][2] = _mm512_dpbf16_ps(acc[s][r][2], w2, xb); acc[s][r][3] = _mm512_dpbf16_ps(acc[s][r][3], w3, xb);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < 4; ++t) {
+      const __m512 v = S == 2 ? _mm512_add_ps(acc[0][r][t], acc[S - 1][r][t]) : acc[0][r][t];
+      if (out_f32) _mm512_storeu_ps(out_f32 + r * N + col + t * 16, v); else store_bf16(out_bf16 + r * N + col + t * 16, v);
+    }
+}
+
+// x [M, K] bf16 . W^T with W from `pair_weights` (N = 64 W.size(0), K = 2 W.size(1)): [M, N] in bf16 or float32.
+torch::Tensor pair_linear(torch::Tensor x, torch::Tensor W, bool bf16_out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16, "pair_linear: x [M, K] bfloat16 contiguous");
+  TORCH_CHECK(W.dim() == 4 && W.is_contiguous() && W.scalar_type() == torch::kBFloat16 && W.size(1) * 2 == x.size(1)
+              && W.size(2) == 64 && W.size(3) == 2, "pair_linear: W [N/64, K/2, 64, 2] bfloat16 for x's K");
+  const int64_t M = x.size(0), K = x.size(1), N = W.size(0) * 64;
+  auto y = torch::empty({M, N}, x.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
+  if (M == 0) return y;
+  const at::BFloat16* xp = x.data_ptr<at::BFloat16>(); const at::BFloat16* wp = W.data_ptr<at::BFloat16>();
+  at::BFloat16* ob = bf16_out ? y.data_ptr<at::BFloat16>() : nullptr; float* of = bf16_out ? nullptr : y.data_ptr<float>();
+  at::parallel_for(0, N / 64, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const at::BFloat16* w = wp + g * K * 64;
+      for (int64_t r0 = 0; r0 < M;) {
+        const at::BFloat16* xr = xp + r0 * K;
+        at::BFloat16* o1 = ob ? ob + r0 * N : nullptr; float* o2 = of ? of + r0 * N : nullptr;
+        switch (std::min<int64_t>(6, M - r0)) {
+          case 6: pair_rows<6>(xr, K, w, o1, o2, N, g * 64); r0 += 6; break;
+          case 5: pair_rows<5>(xr, K, w, o1, o2, N, g * 64); r0 += 5; break;
+          case 4: pair_rows<4>(xr, K, w, o1, o2, N, g * 64); r0 += 4; break;
+          case 3: pair_rows<3>(xr, K, w, o1, o2, N, g * 64); r0 += 3; break;
+          case 2: pair_rows<2>(xr, K, w, o1, o2, N, g * 64); r0 += 2; break;
+          default: pair_rows<1>(xr, K, w, o1, o2, N, g * 64); r0 += 1;
+        }
+      }
+    }
+  });
+  return y;
+}
+'''
+
 # %% ../../nbs/agents/03c_decode_kernels.ipynb #bce16d66
 def _missing_flags() -> list:
     "The CPU features of `DECODE_KERNEL_FLAGS` this machine lacks."
@@ -430,7 +494,7 @@ def build_kernels(name:str, source:str, functions:tuple) -> tuple:
         return None, f'the C++ kernels {name} did not build: {type(e).__name__}: {" ".join(str(e).split())[:300]}'
 
 def _build() -> tuple:
-    return build_kernels('clawgym_decode_kernels', KERNEL_BASICS_CPP + DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP, _FUNCTIONS)
+    return build_kernels('clawgym_decode_kernels', KERNEL_BASICS_CPP + DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP + DECODE_PAIR_CPP, _FUNCTIONS)
 
 def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     "Why the kernels cannot serve heads of `head_dim` with `group` query heads per key/value head here (None: they can; builds them)."
@@ -441,7 +505,7 @@ def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
     return _build()[1]
 
 def decode_kernels():
-    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`, `sample_rows`, `amx_linear`), for a caller that checked `decode_kernels_unavailable`."
+    "The built kernels (`decode_attention`, `add_rms_bf16`, `silu_mul_bf16`, `rope_to_cache`, `sample_rows`, `amx_linear`, `pair_linear`), for a caller that checked `decode_kernels_unavailable`."
     mod, why = _build()
     if mod is None: raise ClawError(why, field='attention')
     return mod
@@ -463,3 +527,10 @@ def amx_weights(w):
     N, K = w.shape
     if N % 64 or K % 32: raise ClawError(f'amx_linear takes outputs in 64s and inputs in 32s, not {N} x {K}', field='weights')
     return w.to(torch.bfloat16).reshape(N // 64, 4, 16, K // 32, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+def pair_weights(w):
+    "`w` [N, K] as `pair_linear` reads it: bf16 `[N/64, K/2 input pairs, 64 outputs, 2]` (N a multiple of 64, K even)."
+    import torch
+    N, K = w.shape
+    if N % 64 or K % 2: raise ClawError(f'pair_linear takes outputs in 64s and inputs in pairs, not {N} x {K}', field='weights')
+    return w.to(torch.bfloat16).reshape(N // 64, 64, K // 2, 2).permute(0, 2, 1, 3).contiguous()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from ..core.basics import ClawError, cxx_missing
 from .models import head_dim
-from .decode_kernels import amx_unavailable, amx_weights, decode_attention, decode_kernels, decode_kernels_unavailable
+from .decode_kernels import amx_unavailable, amx_weights, decode_attention, decode_kernels, decode_kernels_unavailable, pair_weights
 
 # %% auto #0
 __all__ = ['ENGINE_ARCHS', 'WEIGHT_FORMATS', 'INT4_GROUP', 'INT4_OFF_GRID', 'packable', 'int4_grid', 'snap_to_int4_grid',
@@ -85,19 +85,20 @@ def snap_to_int4_grid(model) -> int:
     return len(set(mods))
 
 class PackedLinear:
-    "`x @ W.T + b` with W stored as fp32 (transposed), bf16 (oneDNN's layout), int8 (a scale per output channel) or int4 (per 32 inputs); float32 in and out."
+    "`x @ W.T + b` with W stored as fp32 (transposed), bf16 (AMX tiles', AVX512-BF16 pairs' or oneDNN's layout), int8 (a scale per output channel) or int4 (per 32 inputs); float32 in and out."
     def __init__(self, w, b=None, fmt:str='bf16',
                  lora=None):                   # int4 only: `(A, B)` applied beside the rounded W, `x @ A.T @ B.T` (adapters kept unmerged)
         import torch
         self.fmt, self.b, self.lora, w = fmt, b, lora, w.float()
-        self.amx = self.onednn = None
+        self.amx = self.pairs = self.onednn = None
         if fmt == 'fp32': self.w = w.t().contiguous()
         elif fmt == 'int4': self.w, self.sz, self.off_grid = _int4_packed(w)
-        elif fmt == 'bf16':                                       # one copy: AMX tiles' layout, oneDNN's, or the plain one
+        elif fmt == 'bf16':                                       # one copy: AMX tiles' layout, AVX512-BF16 pairs', oneDNN's, or the plain one
             w = w.to(torch.bfloat16).contiguous()
             if w.shape[0] % 64 == 0 and w.shape[1] % 32 == 0 and amx_unavailable() is None: self.amx = amx_weights(w)
+            elif w.shape[0] % 64 == 0 and w.shape[1] % 2 == 0 and decode_kernels_unavailable() is None: self.pairs = pair_weights(w)
             else: self.onednn = _onednn_packed(w)
-            self.w = None if self.amx is not None or self.onednn is not None else w
+            self.w = None if self.amx is not None or self.pairs is not None or self.onednn is not None else w
         else:
             s = (w.abs().amax(1) / 127).clamp(min=1e-12)
             self.w, self.s = (w / s[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), s.to(torch.bfloat16)
@@ -114,10 +115,18 @@ class PackedLinear:
         if self.b is not None: y = y + self.b
         return y.reshape(*shape[:-1], y.shape[-1])
 
+    @property
+    def bf16_ready(self) -> bool:
+        "Whether `bf16` can run this product: packed bf16 weights, or int8 / int4 ones without LoRA adapters beside them."
+        return self.lora is None and (self.fmt in ('int8', 'int4') or (self.fmt == 'bf16' and self.w is None))
+
     def bf16(self, x):
-        "bf16 `x` [rows, in] (contiguous) -> bf16 `x @ W.T`, no bias, on AMX tiles (agents/03c_decode_kernels) or by oneDNN: the fused step's products."
+        "bf16 `x` [rows, in] (contiguous) -> bf16 `x @ W.T`, no bias, no adapters (`bf16_ready`): the fused step's products."
         import torch
-        if self.amx is not None: return decode_kernels().amx_linear(x, self.amx, True)
+        if self.fmt == 'int4': return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w, INT4_GROUP, self.sz)
+        if self.fmt == 'int8': return torch._weight_int8pack_mm(x, self.w, self.s)
+        if self.amx is not None: return decode_kernels().amx_linear(x, self.amx, True)          # agents/03c_decode_kernels
+        if self.pairs is not None: return decode_kernels().pair_linear(x, self.pairs, True)
         return torch.ops.mkldnn._linear_pointwise(x, self.onednn, None, 'none', [], '')
 
 # %% ../../nbs/agents/03b_engine.ipynb #44629694
@@ -172,7 +181,7 @@ class _Forward:
 def _uncompilable(weights:str) -> str|None:
     "Why decoding steps in format `weights` cannot go through torch.compile here (None: they can)."
     if weights == 'bf16': return ("compiled decoding serves fp32, int8 and int4: inductor cannot lower the packed bf16 product "
-                                  "(AMX tiles' or oneDNN's; use the packed engine for bf16)")
+                                  "(AMX tiles', AVX512-BF16 pairs' or oneDNN's; use the packed engine for bf16)")
     if why := cxx_missing(): return f'compiled decoding needs a C++ compiler for inductor ({why}): install build-essential, or use the packed engine'
 
 def _compiled(run):
@@ -232,9 +241,9 @@ class PackedLM(_Forward):
 
     @property
     def fusable(self) -> bool:
-        "Whether `DecodeRows` may fuse this engine's decoding steps: bf16 products on AMX tiles or by oneDNN, no bias beside q|k|v's, widths in 16s."
+        "Whether `DecodeRows` may fuse this engine's decoding steps: bf16, int8 or int4 products with bf16 in and out, no bias beside q|k|v's, widths in 16s."
         prods = [self.head] + [L[k] for L in self.layers for k in ('qkv', 'o', 'gate_up', 'down')]
-        return (self.fmt == 'bf16' and all(p.w is None for p in prods)
+        return (all(p.bf16_ready for p in prods)
                 and all(L[k].b is None for L in self.layers for k in ('o', 'gate_up', 'down')) and self.head.b is None
                 and self.embed.shape[1] % 16 == 0 and self.model.config.intermediate_size % 16 == 0)
 
@@ -337,7 +346,7 @@ class DecodeRows:
         return out
 
     def _fused_step(self, tokens:list, lens):
-        "`step`'s logits with each layer as four bf16 products (AMX tiles or oneDNN) around the fused kernels of agents/03c_decode_kernels."
+        "`step`'s logits with each layer as four products, bf16 in and out (`PackedLinear.bf16`), around the fused kernels of agents/03c_decode_kernels."
         import torch
         lm, k, B = self.lm, decode_kernels(), len(tokens)
         H, Hkv, D, eps = lm.H, lm.Hkv, lm.D, lm.eps
