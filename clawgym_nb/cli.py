@@ -112,7 +112,7 @@ def _train_parsers(sub):
     sf.add_argument('--lr', type=float, default=2e-4); sf.add_argument('--epochs', type=float, default=1.0)
     sf.add_argument('--batch-size', type=int, default=4); sf.add_argument('--grad-accum', type=int, default=1)
     sf.add_argument('--max-length', type=int, default=1536); sf.add_argument('--seed', type=int, default=0)
-    sf.add_argument('--max-steps', type=int, default=-1); sf.add_argument('--save-steps', type=int, default=25)
+    sf.add_argument('--max-steps', type=int, default=-1); sf.add_argument('--save-steps', type=int, default=50)
     sf.add_argument('--yarn-factor', type=float, default=None); sf.add_argument('--device', default='cpu')
     sf.add_argument('--no-bf16', action='store_true', help='float32 (default: bf16 where the device multiplies it natively)')
     sf.add_argument('--resume-from', default=None, help='checkpoint folder (default: the newest in OUT/checkpoints)')

@@ -230,6 +230,13 @@ def test_resume_from_newest_checkpoint(data, trained):
     assert (out/'model'/'config.json').is_file() and json.loads((out/'sft.json').read_text())['steps'] == 6
 
 
+def test_no_extra_checkpoint_at_the_last_step(data, tmp_path):
+    "Checkpoints every save_steps; none added at a last step that is not one of them (model/ is written right after)."
+    rec = train_sft('tiny', data/'short.jsonl', tmp_path/'run', batch_size=2, max_steps=3, save_steps=2, **FAST, **QUIET)
+    assert rec['steps'] == 3 and (tmp_path/'run'/'model'/'config.json').is_file()
+    assert sorted(p.name for p in (tmp_path/'run'/'checkpoints').glob('checkpoint-*')) == ['checkpoint-2']
+
+
 def test_missing_checkpoint_is_one_line(data, tmp_path):
     with pytest.raises(ClawError) as e: train_sft('tiny', data/'short.jsonl', tmp_path/'run', resume_from='/nope', **QUIET)
     assert e.value.field == 'resume_from' and e.value.file == '/nope' and '\n' not in str(e.value)

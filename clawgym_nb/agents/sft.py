@@ -189,9 +189,18 @@ def compile_decoder_layers(model) -> int:
     return len(layers)
 
 # %% ../../nbs/agents/05_sft.ipynb #b0114273
+def _no_checkpoint_at_the_end():
+    "A callback that drops the checkpoint transformers adds at the last step (those every `save_steps` stay): `train_sft` writes `model/` right after, and a finished arm's checkpoints are deleted."
+    from transformers import TrainerCallback
+    class NoCheckpointAtTheEnd(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step >= state.max_steps and state.save_steps and state.global_step % state.save_steps: control.should_save = False
+            return control
+    return NoCheckpointAtTheEnd()
+
 def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int|None=16, lora_alpha:int|None=None,
                      lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1, max_length:int=1536,
-                     seed:int=0, bf16:bool|None=None, save_steps:int=25, max_steps:int=-1, yarn_factor:float|None=None,
+                     seed:int=0, bf16:bool|None=None, save_steps:int=50, max_steps:int=-1, yarn_factor:float|None=None,
                      device:str='cpu', scheduler:str='linear', warmup_steps:int=0, fused_lm_head:bool|None=None,
                      padding_free:bool=True,            # the batch's chats in one row, no padding (batch size 1: no padding anyway)
                      attention_kernel:bool|None=None,   # padding-free rows through agents/03d's kernels (None: where they run)
@@ -229,6 +238,7 @@ def make_sft_trainer(model_spec:str, examples:list, out_dir:str|Path, lora_r:int
     trainer.attention = attention or model.config._attn_implementation
     from transformers.trainer_callback import PrinterCallback
     trainer.remove_callback(PrinterCallback)        # the loss goes to loss.csv, not one dict per step on stdout
+    trainer.add_callback(_no_checkpoint_at_the_end())
     return trainer
 
 # %% ../../nbs/agents/05_sft.ipynb #fd512682
@@ -238,7 +248,7 @@ def train_sft(model:str,                     # Base: rung name or model folder
               lora_r:int|None=16,            # LoRA rank (None: full fine-tune)
               lr:float=2e-4, epochs:float=1.0, batch_size:int=4, grad_accum:int=1,
               max_length:int=1536,           # Longer examples are dropped (counted in sft.json)
-              seed:int=0, save_steps:int=25, max_steps:int=-1,
+              seed:int=0, save_steps:int=50, max_steps:int=-1,
               bf16:bool|None=None,           # bfloat16 autocast (None: `bf16_default(device)`, on CPU only where it is native)
               yarn_factor:float|None=None,   # YaRN rope scaling for long contexts
               device:str='cpu',
