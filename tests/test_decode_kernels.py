@@ -144,19 +144,22 @@ def test_sample_rows_picks_as_pytorch_would(V):
     assert k.sample_rows(small, torch.full((1,), 0.8), torch.zeros(1))[0].item() == int((p > 0).nonzero()[0])   # u = 0: the first token
     with pytest.raises(RuntimeError, match='temps, u'): k.sample_rows(lg, torch.zeros(4), torch.rand(5))
 
+def _matches_float32_products(product, packed, w, rows):
+    "`product(x, packed, bf16_out)` against a float32 product of the same bf16 numbers, for each row count in `rows`."
+    for M in rows:
+        x = torch.randn(M, w.shape[1]).bfloat16()
+        ref = x.float() @ w.bfloat16().float().t()
+        got32, got16 = product(x, packed, False), product(x, packed, True)
+        assert got32.dtype == torch.float32 and got16.dtype == torch.bfloat16 and got32.shape == (M, w.shape[0])
+        assert (got32 - ref).abs().max().item() < 1e-3
+        assert torch.equal(got16, got32.bfloat16())                     # bf16 out: the float32 result rounded once
+
 def test_amx_linear_matches_float32_products():
     if why := dk.amx_unavailable(): pytest.skip(why)
     k = dk.decode_kernels()
     torch.manual_seed(5)
-    w = torch.randn(192, 96)
-    tiles = dk.amx_weights(w)
-    for M in (1, 7, 16, 33):
-        x = torch.randn(M, 96).bfloat16()
-        ref = x.float() @ w.bfloat16().float().t()
-        got32, got16 = k.amx_linear(x, tiles, False), k.amx_linear(x, tiles, True)
-        assert got32.dtype == torch.float32 and got16.dtype == torch.bfloat16 and got32.shape == (M, 192)
-        assert (got32 - ref).abs().max().item() < 1e-3
-        assert torch.equal(got16, got32.bfloat16())                     # bf16 out: the float32 result rounded once
+    tiles = dk.amx_weights(w := torch.randn(192, 96))
+    _matches_float32_products(k.amx_linear, tiles, w, (1, 7, 16, 33))
     with pytest.raises(RuntimeError, match='for x.s K'): k.amx_linear(torch.randn(2, 64).bfloat16(), tiles, True)
     with pytest.raises(ClawError, match='outputs in 64s'): dk.amx_weights(torch.randn(96, 64))
     from clawgym_nb.agents.engine import PackedLinear
@@ -172,13 +175,7 @@ def test_pair_linear_matches_float32_products():
     w = torch.randn(192, 98)                                              # 49 input pairs: an odd count
     pairs = dk.pair_weights(w)
     assert pairs.shape == (3, 49, 64, 2) and torch.equal(pairs[1, 5, 7], w[64 + 7, 10:12].bfloat16())
-    for M in (1, 2, 3, 4, 5, 6, 7, 13, 33):                               # every row block of six, and the one-row path
-        x = torch.randn(M, 98).bfloat16()
-        ref = x.float() @ w.bfloat16().float().t()
-        got32, got16 = k.pair_linear(x, pairs, False), k.pair_linear(x, pairs, True)
-        assert got32.dtype == torch.float32 and got16.dtype == torch.bfloat16 and got32.shape == (M, 192)
-        assert (got32 - ref).abs().max().item() < 1e-3
-        assert torch.equal(got16, got32.bfloat16())                     # bf16 out: the float32 result rounded once
+    _matches_float32_products(k.pair_linear, pairs, w, (1, 2, 3, 4, 5, 6, 7, 13, 33))   # every row block of six, and the one-row path
     assert k.pair_linear(torch.zeros(0, 98).bfloat16(), pairs, True).shape == (0, 192)
     with pytest.raises(RuntimeError, match='for x.s K'): k.pair_linear(torch.randn(2, 96).bfloat16(), pairs, True)
     with pytest.raises(ClawError, match='outputs in 64s'): dk.pair_weights(torch.randn(96, 64))
