@@ -493,7 +493,9 @@ def build_kernels(name:str, source:str, functions:tuple) -> tuple:
     except Exception as e:
         return None, f'the C++ kernels {name} did not build: {type(e).__name__}: {" ".join(str(e).split())[:300]}'
 
+@lru_cache(maxsize=None)
 def _build() -> tuple:
+    "The decoding kernels' `build_kernels` result, looked up once per process: callers reach it on every product of every step."
     return build_kernels('clawgym_decode_kernels', KERNEL_BASICS_CPP + DECODE_ATTENTION_CPP + DECODE_STEP_CPP + DECODE_SAMPLE_CPP + DECODE_AMX_CPP + DECODE_PAIR_CPP, _FUNCTIONS)
 
 def decode_kernels_unavailable(head_dim:int=64, group:int=1) -> str|None:
